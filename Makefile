@@ -1,0 +1,35 @@
+# covlab: the user-facing commands. Everything runs inside .venv (created on first use) and keeps its
+# state under COVLAB_HOME (default .covlab/): the Dagster instance, stored tables, indexes, models.
+PYTHON ?= python3
+VENV ?= .venv
+COVLAB_HOME ?= $(CURDIR)/.covlab
+UI_PORT ?= 3000
+export COVLAB_HOME
+export DAGSTER_HOME ?= $(COVLAB_HOME)/dagster
+export HF_HUB_OFFLINE = 1
+export TOKENIZERS_PARALLELISM = false
+BIN = $(VENV)/bin
+STAMP = $(VENV)/.covlab-installed
+
+.PHONY: demo test ui install bench
+
+demo: $(STAMP)  ## install if needed, then materialize every asset on the embedded demo dataset
+	$(BIN)/covlab demo
+
+test: $(STAMP)  ## install if needed, then run the whole test suite
+	$(BIN)/python -m pytest -q -rs
+
+ui: $(STAMP)  ## the Dagster UI on 127.0.0.1:$(UI_PORT), on the same instance as `make demo`
+	$(BIN)/python -c "from covlab.orchestration.settings import dagster_home; dagster_home()"
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
+
+bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to bench/results/)
+	$(BIN)/python bench/bm25_pools.py
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "covlab needs Python 3.11 (pyserini 1.6 and the pinned torch wheel); set PYTHON=python3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)

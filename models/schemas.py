@@ -1,0 +1,82 @@
+"""Table schemas: every table covlab passes between assets, declared once (column name -> dtype).
+
+Datasets of any format are normalised into the five ingest tables (plus an optional per-query candidate
+pool); later products add their own. `conform` is the single gate through which a table enters the
+pipeline: it checks columns and types and returns a copy in the declared dtypes and column order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Schema:
+    name: str
+    columns: dict[str, str]
+    key: tuple[str, ...] = ()
+
+    def empty(self) -> pd.DataFrame:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in self.columns.items()})
+
+    def conform(self, frame: pd.DataFrame, source: str = "table") -> pd.DataFrame:
+        """`frame` with exactly this schema's columns, in order and dtype; DatasetError names what is off."""
+        missing = [c for c in self.columns if c not in frame.columns]
+        if missing:
+            raise DatasetError(f"{source}: {self.name} is missing column(s) {missing}; "
+                              f"expected columns {list(self.columns)}")
+        out = frame.loc[:, list(self.columns)].copy()
+        for column, dtype in self.columns.items():
+            try:
+                out[column] = _cast(out[column], dtype)
+            except (ValueError, TypeError) as exc:
+                bad = _first_uncastable(out[column], dtype)
+                raise DatasetError(f"{source}: {self.name}.{column} must be {dtype}; "
+                                  f"record {bad[0]} has {bad[1]!r}") from exc
+        return out.reset_index(drop=True)
+
+
+class DatasetError(ValueError):
+    """Input data is malformed or inconsistent; the message names file, line or record, and expectation."""
+
+
+def _cast(series: pd.Series, dtype: str) -> pd.Series:
+    if dtype == "string":
+        if series.isna().any():
+            raise ValueError("missing value")
+        return series.astype(str).astype("string")
+    if dtype == "int64":
+        numeric = pd.to_numeric(series, errors="raise")
+        if numeric.isna().any() or (numeric != numeric.round()).any():
+            raise ValueError("not an integer")
+        return numeric.astype("int64")
+    return series.astype(dtype)
+
+
+def _first_uncastable(series: pd.Series, dtype: str) -> tuple[int, object]:
+    for position, value in enumerate(series):
+        try:
+            _cast(pd.Series([value]), dtype)
+        except (ValueError, TypeError):
+            return position, value
+    return -1, None
+
+
+CORPUS = Schema("corpus", {"doc_id": "string", "title": "string", "text": "string",
+                           "source_unit": "string"}, key=("doc_id",))
+QUERIES = Schema("queries", {"query_id": "string", "text": "string", "split": "string"}, key=("query_id",))
+NUGGETS = Schema("nuggets", {"query_id": "string", "nugget_id": "string", "text": "string"},
+                 key=("query_id", "nugget_id"))
+NUGGET_LINKS = Schema("nugget_links", {"query_id": "string", "doc_id": "string", "nugget_id": "string",
+                                       "grade": "int64"}, key=("query_id", "doc_id", "nugget_id"))
+QRELS = Schema("qrels", {"query_id": "string", "doc_id": "string", "relevance": "int64"},
+               key=("query_id", "doc_id"))
+# A dataset's own candidate pool per query (ArgKP: the arguments of the topic and stance).
+CANDIDATES = Schema("candidates", {"query_id": "string", "doc_id": "string"}, key=("query_id", "doc_id"))
+
+POOLS = Schema("pools", {"query_id": "string", "doc_id": "string", "rank": "int64", "score": "float64"},
+               key=("query_id", "doc_id"))
+
+SPLITS = ("train", "dev", "test")

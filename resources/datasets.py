@@ -1,0 +1,247 @@
+"""Dataset readers (one per on-disk format) and the registry that maps a partition key to one.
+
+Formats:
+- `covlab`: the project's own layout (README "Dataset layout"): corpus.jsonl, queries.jsonl, nuggets.jsonl,
+  nugget_links.tsv, qrels.tsv, optional candidates.tsv.
+- `beir`: corpus.jsonl {_id, title, text}, queries.jsonl {_id, text}, qrels/{train,dev,test}.tsv with a
+  `query-id corpus-id score` header; the split of a query is the qrels file it appears in. Nuggets come
+  from optional nuggets.jsonl + nugget_links.tsv in the covlab layout.
+- `argkp2021`: IBM ArgKP-2021 (query = topic + stance, document = argument, nugget = key point).
+- `perspectrum`: Perspectrum v1.0 (query = claim, document = perspective, nugget = perspective cluster).
+- `demo`: the generated fictional dataset, always registered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from covlab.models.dataset import Dataset, Origin, file_hash, raise_on_problems
+from covlab.models.schemas import SPLITS, DatasetError
+from covlab.resources.demo_dataset import build_demo_dataset
+from covlab.resources.files import read_csv, read_jsonl, read_tsv
+
+
+def read_covlab(path: Path, name: str) -> Dataset:
+    corpus, corpus_origin = read_jsonl(path / "corpus.jsonl", {"doc_id": str, "text": str},
+                                       {"title": str, "source_unit": str})
+    corpus["title"] = corpus["title"].fillna("")
+    corpus["source_unit"] = corpus["source_unit"].fillna(corpus["doc_id"])
+    queries, queries_origin = read_jsonl(path / "queries.jsonl", {"query_id": str, "text": str, "split": str})
+    nuggets, nuggets_origin = read_jsonl(path / "nuggets.jsonl", {"query_id": str, "nugget_id": str, "text": str})
+    links, links_origin = read_tsv(path / "nugget_links.tsv",
+                                   {"query_id": str, "doc_id": str, "nugget_id": str, "grade": int})
+    qrels, qrels_origin = read_tsv(path / "qrels.tsv", {"query_id": str, "doc_id": str, "relevance": int})
+    origins = {"corpus": corpus_origin, "queries": queries_origin, "nuggets": nuggets_origin,
+               "nugget_links": links_origin, "qrels": qrels_origin}
+    tables = {"corpus": corpus, "queries": queries, "nuggets": nuggets, "nugget_links": links, "qrels": qrels}
+    if (path / "candidates.tsv").exists():
+        tables["candidates"], origins["candidates"] = read_tsv(path / "candidates.tsv",
+                                                               {"query_id": str, "doc_id": str})
+    return _finish(name, path, tables, origins)
+
+
+def read_beir(path: Path, name: str) -> Dataset:
+    corpus, corpus_origin = read_jsonl(path / "corpus.jsonl", {"_id": str, "text": str}, {"title": str})
+    corpus = corpus.rename(columns={"_id": "doc_id"}).assign(title=lambda f: f["title"].fillna(""))
+    corpus["source_unit"] = corpus["doc_id"]
+    queries, queries_origin = read_jsonl(path / "queries.jsonl", {"_id": str, "text": str})
+    queries = queries.rename(columns={"_id": "query_id"})
+    qrel_frames, split_of = [], {}
+    for split in SPLITS:
+        file = path / "qrels" / f"{split}.tsv"
+        if file.exists():
+            frame, _ = read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int},
+                                header=["query-id", "corpus-id", "score"])
+            qrel_frames.append(frame)
+            split_of.update({q: split for q in frame["query_id"]})
+    if not qrel_frames:
+        raise DatasetError(f"{path / 'qrels'}: no train.tsv, dev.tsv or test.tsv; expected BEIR qrels")
+    queries = queries[queries["query_id"].isin(split_of)].assign(split=lambda f: f["query_id"].map(split_of))
+    tables = {"corpus": corpus, "queries": queries, "qrels": pd.concat(qrel_frames, ignore_index=True)}
+    origins = {"corpus": corpus_origin, "queries": Origin(str(path / "queries.jsonl"), None),
+               "qrels": Origin(str(path / "qrels"), None)}
+    if (path / "nuggets.jsonl").exists():
+        tables["nuggets"], origins["nuggets"] = read_jsonl(path / "nuggets.jsonl",
+                                                           {"query_id": str, "nugget_id": str, "text": str})
+        tables["nugget_links"], origins["nugget_links"] = read_tsv(
+            path / "nugget_links.tsv", {"query_id": str, "doc_id": str, "nugget_id": str, "grade": int})
+    return _finish(name, path, tables, origins)
+
+
+ARGKP_FILES = {"train": "kpm_data/{}_train.csv", "dev": "kpm_data/{}_dev.csv", "test": "test_data/{}_test.csv"}
+
+
+def read_argkp2021(path: Path, name: str) -> Dataset:
+    """ArgKP-2021: ids are prefixed with the split (argument ids repeat across splits); a query's own
+    candidate pool is the arguments of its topic and stance (the LMVU setting)."""
+    corpus, queries, nuggets, links, qrels, candidates = [], [], [], [], [], []
+    for split, pattern in ARGKP_FILES.items():
+        args, _ = read_csv(path / pattern.format("arguments"),
+                           {"arg_id": str, "argument": str, "topic": str, "stance": int})
+        kps, _ = read_csv(path / pattern.format("key_points"),
+                          {"key_point_id": str, "key_point": str, "topic": str, "stance": int})
+        labels, labels_origin = read_csv(path / pattern.format("labels"),
+                                         {"arg_id": str, "key_point_id": str, "label": int})
+        topics = {t: i for i, t in enumerate(dict.fromkeys(args["topic"]))}
+
+        def qid(topic: str, stance: int) -> str:
+            return f"{split}-t{topics[topic]}-{'pro' if stance == 1 else 'con'}"
+
+        args["doc_id"] = split + "/" + args["arg_id"]
+        args["query_id"] = [qid(t, s) for t, s in zip(args["topic"], args["stance"])]
+        corpus.append(pd.DataFrame({"doc_id": args["doc_id"], "title": "", "text": args["argument"],
+                                    "source_unit": args["doc_id"]}))
+        candidates.append(args[["query_id", "doc_id"]])
+        pairs = args[["topic", "stance", "query_id"]].drop_duplicates("query_id")
+        queries.append(pd.DataFrame({
+            "query_id": pairs["query_id"], "split": split,
+            "text": [f"{t} ({'arguments for' if s == 1 else 'arguments against'})"
+                     for t, s in zip(pairs["topic"], pairs["stance"])]}))
+        unknown = ~kps["topic"].isin(topics)
+        if unknown.any():
+            raise DatasetError(f"{path / pattern.format('key_points')}:{kps.index[unknown][0] + 2}: topic "
+                               f"{kps['topic'][unknown].iloc[0]!r} has no arguments")
+        kps["query_id"] = [qid(t, s) for t, s in zip(kps["topic"], kps["stance"])]
+        kps["nugget_id"] = split + "/" + kps["key_point_id"]
+        nuggets.append(pd.DataFrame({"query_id": kps["query_id"], "nugget_id": kps["nugget_id"],
+                                     "text": kps["key_point"]}))
+        query_of_doc = dict(zip(args["arg_id"], args["query_id"]))
+        missing = ~labels["arg_id"].isin(query_of_doc)
+        if missing.any():
+            raise DatasetError(f"{labels_origin.at(int(labels.index[missing][0]))}: arg_id "
+                               f"{labels['arg_id'][missing].iloc[0]!r} is not in the arguments file")
+        positive = labels[labels["label"] == 1]
+        links.append(pd.DataFrame({"query_id": positive["arg_id"].map(query_of_doc),
+                                   "doc_id": split + "/" + positive["arg_id"],
+                                   "nugget_id": split + "/" + positive["key_point_id"], "grade": 1}))
+        judged = labels.groupby("arg_id")["label"].max().reset_index()
+        qrels.append(pd.DataFrame({"query_id": judged["arg_id"].map(query_of_doc),
+                                   "doc_id": split + "/" + judged["arg_id"], "relevance": judged["label"]}))
+    tables = {"corpus": corpus, "queries": queries, "nuggets": nuggets, "nugget_links": links, "qrels": qrels,
+              "candidates": candidates}
+    return _finish(name, path, {k: pd.concat(v, ignore_index=True) for k, v in tables.items()}, {})
+
+
+PERSPECTRUM_DIR = "data/dataset"
+
+
+def read_perspectrum(path: Path, name: str) -> Dataset:
+    """Perspectrum v1.0: a claim's candidates are its own perspective sentences; the `given` pool mode
+    adds BM25 neighbours from other claims as distractors (given_pool_distractors)."""
+    base = path / PERSPECTRUM_DIR if (path / PERSPECTRUM_DIR).is_dir() else path
+    claims = _read_json(base / "perspectrum_with_answers_v1.0.json", list)
+    pool = _read_json(base / "perspective_pool_v1.0.json", list)
+    split_of = _read_json(base / "dataset_split_v1.0.json", dict)
+    text_of = {p["pId"]: p["text"] for p in pool}
+    corpus = pd.DataFrame({"doc_id": [f"p{p['pId']}" for p in pool], "title": "",
+                           "text": [p["text"] for p in pool], "source_unit": [f"p{p['pId']}" for p in pool]})
+    queries, nuggets, links = [], [], []
+    for position, claim in enumerate(claims):
+        if not {"cId", "text", "perspectives"} <= set(claim):
+            raise DatasetError(f"{base / 'perspectrum_with_answers_v1.0.json'}, claim record {position + 1}: "
+                               "expected keys cId, text, perspectives")
+        qid = f"c{claim['cId']}"
+        queries.append({"query_id": qid, "text": claim["text"], "split": split_of.get(str(claim["cId"]), "")})
+        for ci, cluster in enumerate(claim["perspectives"]):
+            nid = f"{qid}/v{ci}"
+            members = [f"p{p}" for p in cluster["pids"]]
+            if cluster["pids"][0] not in text_of:
+                raise DatasetError(f"{base / 'perspectrum_with_answers_v1.0.json'}, claim {claim['cId']}: "
+                                   f"perspective {cluster['pids'][0]} is not in perspective_pool_v1.0.json")
+            # A cluster's text is its first paraphrase: the viewpoint it stands for.
+            nuggets.append({"query_id": qid, "nugget_id": nid, "text": text_of[cluster["pids"][0]]})
+            links += [{"query_id": qid, "doc_id": d, "nugget_id": nid, "grade": 1} for d in members]
+    links = pd.DataFrame(links).drop_duplicates(["query_id", "doc_id", "nugget_id"])
+    qrels = links[["query_id", "doc_id"]].drop_duplicates().assign(relevance=1)
+    tables = {"corpus": corpus, "queries": pd.DataFrame(queries), "nuggets": pd.DataFrame(nuggets),
+              "nugget_links": links, "qrels": qrels, "candidates": qrels[["query_id", "doc_id"]]}
+    return _finish(name, base, tables, {})
+
+
+def _read_json(file: Path, kind: type):
+    if not file.is_file():
+        raise DatasetError(f"{file}: file not found")
+    try:
+        value = json.loads(file.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise DatasetError(f"{file}: not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{file}:{exc.lineno}: invalid JSON ({exc.msg})") from None
+    if not isinstance(value, kind):
+        raise DatasetError(f"{file}: expected a JSON {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _finish(name: str, path: Path, tables: dict[str, pd.DataFrame], origins: dict[str, Origin]) -> Dataset:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    defaults = {t: Origin(str(path), None) for t in ("corpus", "queries", "nuggets", "nugget_links", "qrels",
+                                                      "candidates")}
+    tables.setdefault("nuggets", pd.DataFrame(columns=["query_id", "nugget_id", "text"]))
+    tables.setdefault("nugget_links", pd.DataFrame(columns=["query_id", "doc_id", "nugget_id", "grade"]))
+    ds = Dataset(name=name, **tables, origins={**defaults, **origins},
+                 source_hashes={str(f.relative_to(path)) if path.is_dir() else f.name: file_hash(str(f))
+                                for f in files})
+    return raise_on_problems(ds)
+
+
+READERS: dict[str, Callable[[Path, str], Dataset]] = {
+    "covlab": read_covlab, "beir": read_beir, "argkp2021": read_argkp2021, "perspectrum": read_perspectrum,
+}
+FORMATS = ("demo", *READERS)
+# BM25 hits from outside a query's own candidates that the `given` pool mode adds as distractors.
+GIVEN_POOL_DISTRACTORS = {"perspectrum": 20}
+
+
+def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
+    if fmt == "demo":
+        return raise_on_problems(build_demo_dataset())
+    if fmt not in READERS:
+        raise DatasetError(f"dataset {name!r}: unknown format {fmt!r}; expected one of {FORMATS}")
+    if not path or not Path(path).exists():
+        raise DatasetError(f"dataset {name!r}: path {path!r} does not exist")
+    return READERS[fmt](Path(path).resolve(), name)
+
+
+class DatasetRegistry(ConfigurableResource):
+    """Registered datasets (name -> format and path), kept in a small JSON file; `demo` is always there.
+    Each dataset is one partition of the `datasets` dynamic partitions definition."""
+
+    registry_path: str = Field(description="JSON file holding {name: {format, path}}")
+
+    def entries(self) -> dict[str, dict]:
+        file = Path(self.registry_path)
+        stored = json.loads(file.read_text()) if file.exists() else {}
+        return {"demo": {"format": "demo", "path": None}, **stored}
+
+    def register(self, name: str, fmt: str, path: str | None) -> dict:
+        if fmt not in FORMATS:
+            raise DatasetError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+        if name == "demo" and fmt != "demo":
+            raise DatasetError("the name 'demo' is reserved for the embedded dataset")
+        entry = {"format": fmt, "path": str(Path(path).resolve()) if path else None}
+        stored = {k: v for k, v in self.entries().items() if k != "demo"}
+        stored[name] = entry
+        file = Path(self.registry_path)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=file.parent, delete=False, suffix=".tmp") as handle:
+            json.dump(stored, handle, indent=2, sort_keys=True)
+        os.replace(handle.name, file)
+        return entry
+
+    def given_pool_distractors(self, name: str) -> int:
+        return GIVEN_POOL_DISTRACTORS.get(self.entries()[name]["format"], 0)
+
+    def load(self, name: str) -> Dataset:
+        entries = self.entries()
+        if name not in entries:
+            raise DatasetError(f"dataset {name!r} is not registered in {self.registry_path}; "
+                               f"add it with `covlab dataset add {name} --format F --path P`")
+        return read_dataset(name, entries[name]["format"], entries[name]["path"])

@@ -1,0 +1,142 @@
+"""Strict readers for the text formats datasets arrive in (JSONL, TSV, CSV).
+
+Each returns a DataFrame plus the line number of its first record, and raises DatasetError naming the
+file, the line and what was expected on the first malformed record: broken JSON, missing fields, wrong
+types, wrong field counts, non-UTF-8 bytes, empty files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from covlab.models.dataset import Origin
+from covlab.models.schemas import DatasetError
+
+FieldTypes = dict[str, type | tuple[type, ...]]
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DatasetError(f"{path}: file is empty; expected at least one record")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DatasetError(f"{path}:{line}: not valid UTF-8 (byte {raw[exc.start]:#04x}); "
+                           "expected UTF-8 text") from None
+    return text.splitlines()
+
+
+def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = None) -> tuple[pd.DataFrame, Origin]:
+    """Records of a JSON-lines file; `fields` must be present with the given types, `optional` may be."""
+    optional = optional or {}
+    records, numbers = [], []
+    for number, line in enumerate(_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{number}: invalid JSON ({exc.msg}); expected one JSON object per line") from None
+        if not isinstance(record, dict):
+            raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+        for name, kind in {**fields, **optional}.items():
+            if name not in record:
+                if name in fields:
+                    raise DatasetError(f"{path}:{number}: missing field {name!r}; expected fields {sorted(fields)}")
+                continue
+            if not isinstance(record[name], kind) or isinstance(record[name], bool) and kind is not bool:
+                raise DatasetError(f"{path}:{number}: field {name!r} must be {_type_name(kind)}, "
+                                   f"got {type(record[name]).__name__} {record[name]!r}")
+        numbers.append(number)
+        records.append({k: record.get(k) for k in {**fields, **optional}})
+    if not records:
+        raise DatasetError(f"{path}: no records; expected one JSON object per line")
+    return pd.DataFrame.from_records(records), _origin(path, numbers)
+
+
+def _origin(path: Path, numbers: list[int]) -> Origin:
+    """Line arithmetic holds only when records sit on consecutive lines; else report record numbers."""
+    contiguous = numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    return Origin(str(path), numbers[0] if contiguous else None)
+
+
+def read_tsv(path: Path, columns: dict[str, type], header: bool | list[str] = False) -> tuple[pd.DataFrame, Origin]:
+    """Tab-separated records with exactly len(columns) fields; `header` True skips a first line, a list
+    also requires that first line to read exactly so."""
+    lines = _lines(path)
+    start = 0
+    if header:
+        start = 1
+        if isinstance(header, list) and lines[0].split("\t") != header:
+            raise DatasetError(f"{path}:1: header {lines[0]!r}; expected {chr(9).join(header)!r}")
+    rows = []
+    for number, line in enumerate(lines[start:], start=start + 1):
+        if not line.strip():
+            raise DatasetError(f"{path}:{number}: blank line; expected {len(columns)} tab-separated fields")
+        parts = line.split("\t")
+        if len(parts) != len(columns):
+            raise DatasetError(f"{path}:{number}: {len(parts)} field(s); expected {len(columns)} tab-separated "
+                               f"fields ({', '.join(columns)})")
+        row = {}
+        for (name, kind), value in zip(columns.items(), parts):
+            row[name] = _parse(value, kind, f"{path}:{number}", name)
+        rows.append(row)
+    if not rows:
+        raise DatasetError(f"{path}: no records after the header")
+    return pd.DataFrame.from_records(rows, columns=list(columns)), Origin(str(path), start + 1)
+
+
+def read_csv(path: Path, columns: dict[str, type]) -> tuple[pd.DataFrame, Origin]:
+    """Comma-separated records with a header holding at least `columns` (quoted fields may span lines)."""
+    lines = _lines(path)
+    reader = csv.reader(io.StringIO("\n".join(lines) + "\n"))
+    try:
+        header = next(reader)
+    except csv.Error as exc:
+        raise DatasetError(f"{path}:1: unreadable CSV header ({exc})") from None
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise DatasetError(f"{path}:1: missing column(s) {missing}; header is {header}")
+    index = {c: header.index(c) for c in columns}
+    rows, line_numbers = [], []
+    while True:
+        start = reader.line_num + 1
+        try:
+            parts = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise DatasetError(f"{path}:{start}: malformed CSV ({exc})") from None
+        if not parts:
+            continue
+        if len(parts) != len(header):
+            raise DatasetError(f"{path}:{start}: {len(parts)} field(s); expected {len(header)} ({', '.join(header)})")
+        rows.append({c: _parse(parts[i], columns[c], f"{path}:{start}", c) for c, i in index.items()})
+        line_numbers.append(start)
+    if not rows:
+        raise DatasetError(f"{path}: no records after the header")
+    return pd.DataFrame.from_records(rows, columns=list(columns)), _origin(path, line_numbers)
+
+
+def _parse(value: str, kind: type, where: str, name: str):
+    if kind is str:
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise DatasetError(f"{where}: field {name!r} must be {_type_name(kind)}, got {value!r}") from None
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({str: "a string", int: "an integer", float: "a number", list: "a list",
+                        dict: "an object"}.get(k, k.__name__) for k in kinds)

