@@ -44,7 +44,8 @@ def dataset_add(name: str, fmt: str, path: str | None) -> None:
           f"{len(dataset.corpus)} documents, {len(dataset.nuggets)} nuggets")
 
 
-def materialize(dataset: str, select: list[str] | None, config: dict | None, instance=None):
+def materialize(dataset: str, select: list[str] | None, config: dict | None, instance=None,
+                raise_on_error: bool = True):
     """Run the selected assets (default: all) of one dataset partition in this process."""
     from dagster import AssetKey, materialize as dagster_materialize
 
@@ -58,7 +59,7 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
         instance.add_dynamic_partitions(DATASETS.name, [dataset])
     selection = [AssetKey.from_user_string(s) for s in select] if select else None
     return dagster_materialize(ASSETS, instance=instance, partition_key=dataset, resources=default_resources(),
-                               selection=selection, run_config=config or {}, raise_on_error=True)
+                               selection=selection, run_config=config or {}, raise_on_error=raise_on_error)
 
 
 def summarize(result, instance, seconds: float) -> str:
