@@ -1,0 +1,108 @@
+"""Evaluation of selection runs with ir_measures only (METHODS.md §5): alpha-nDCG@k and StRecall@k from
+ndeval (pyndeval provider) over per-nugget diversity qrels, P@k and nDCG@k from pytrec_eval over
+one-judgment-per-document qrels.
+
+Behaviour worth knowing (checked in tests/test_metrics.py):
+- ndeval builds the ideal ranking greedily, ties toward the lexicographically largest doc id; that ideal is
+  not always optimal, so alpha-nDCG can exceed 1 for a ranking better than ndeval's ideal.
+- The diversity qrels (one row per document and nugget) must never reach P@k or nDCG@k: pytrec_eval
+  collapses the rows silently (ENVIRONMENT.md).
+- Each measure is evaluated in its own ir_measures call: the pyndeval provider consumes the run once, so
+  two measures that need different ndeval settings (alpha_nDCG with alpha != 0.5 next to StRecall) would
+  leave the second one silently at 0.
+- Both libraries skip queries without judgments. Here every query of the run gets a row: a query without
+  any judgment for a measure scores 0 for it (nothing relevant can be retrieved), explicitly.
+"""
+
+from __future__ import annotations
+
+import ir_measures
+import pandas as pd
+from ir_measures import P, StRecall, alpha_nDCG, nDCG
+
+from covlab.models.schemas import Schema
+
+# The lead may move these next to the other declared tables in schemas.py.
+PER_QUERY_METRICS = Schema("per_query_metrics", {"query_id": "string", "metric": "string", "value": "float64"},
+                           key=("query_id", "metric"))
+METRIC_SUMMARY = Schema("metric_summary", {"metric": "string", "mean": "float64", "n": "int64"}, key=("metric",))
+NDEVAL_MAX_CUTOFF = 20  # ndeval's compiled limit
+
+
+def diversity_qrels(nugget_links: pd.DataFrame) -> list[ir_measures.Qrel]:
+    """One qrel per (query, doc, nugget) with `iteration` = nugget id: the subtopic qrels ndeval reads
+    (a grade >= 1 counts as covering). For alpha-nDCG and StRecall only, never for P@k or nDCG@k."""
+    _require(nugget_links, ("query_id", "doc_id", "nugget_id", "grade"), "nugget_links")
+    return [ir_measures.Qrel(str(q), str(d), int(g), str(n)) for q, d, n, g in
+            nugget_links[["query_id", "doc_id", "nugget_id", "grade"]].itertuples(index=False)]
+
+
+def binary_qrels(qrels: pd.DataFrame) -> list[ir_measures.Qrel]:
+    """One qrel per (query, doc) — the document judgments P@k and nDCG@k need (relevance as given:
+    P counts relevance >= 1, nDCG uses it as gain). Duplicate pairs are refused: that is the multi-row
+    trap pytrec_eval would swallow silently."""
+    _require(qrels, ("query_id", "doc_id", "relevance"), "qrels")
+    duplicated = qrels.duplicated(["query_id", "doc_id"])
+    if duplicated.any():
+        first = tuple(qrels.loc[duplicated, ["query_id", "doc_id"]].iloc[0])
+        raise ValueError(f"qrels has duplicate query_id/doc_id {first}; expected one judgment per document "
+                         "(per-nugget rows belong in diversity_qrels)")
+    return [ir_measures.Qrel(str(q), str(d), int(r)) for q, d, r in
+            qrels[["query_id", "doc_id", "relevance"]].itertuples(index=False)]
+
+
+def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFrame, k: int = 10,
+                 alpha: float = 0.5) -> pd.DataFrame:
+    """PER_QUERY_METRICS for a run (query_id, doc_id, rank; rank 1 first): alpha_ndcg@k and strecall@k
+    (ndeval, alpha as given), p@k and ndcg@k (pytrec_eval). Every query of the run gets every metric;
+    judgments of queries outside the run are ignored."""
+    if not 1 <= k <= NDEVAL_MAX_CUTOFF:
+        raise ValueError(f"k must be between 1 and {NDEVAL_MAX_CUTOFF} (ndeval's cutoff limit); got {k}")
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must lie in [0, 1]; got {alpha}")
+    scored = _scored_run(run)
+    query_ids = sorted(set(scored["query_id"]))
+    in_run = set(query_ids)
+    links = nugget_links[nugget_links["query_id"].isin(in_run)]
+    judged = qrels[qrels["query_id"].isin(in_run)]
+    measures = {  # name -> (measure, qrels); each measure its own call (module docstring)
+        f"alpha_ndcg@{k}": (alpha_nDCG(alpha=alpha) @ k, diversity_qrels(links)),
+        f"strecall@{k}": (StRecall @ k, diversity_qrels(links)),
+        f"p@{k}": (P @ k, binary_qrels(judged)),
+        f"ndcg@{k}": (nDCG @ k, binary_qrels(judged)),
+    }
+    rows = []
+    for name, (measure, measure_qrels) in measures.items():
+        values = ({m.query_id: m.value for m in ir_measures.iter_calc([measure], measure_qrels, scored)}
+                  if measure_qrels else {})
+        rows += [{"query_id": q, "metric": name, "value": float(values.get(q, 0.0))} for q in query_ids]
+    return PER_QUERY_METRICS.conform(pd.DataFrame(rows, columns=list(PER_QUERY_METRICS.columns)),
+                                     source="evaluate_run")
+
+
+def summarize(per_query: pd.DataFrame) -> pd.DataFrame:
+    """METRIC_SUMMARY: the mean of each metric over its queries and how many queries that is."""
+    _require(per_query, tuple(PER_QUERY_METRICS.columns), "per_query")
+    summary = per_query.groupby("metric", sort=False)["value"].agg(mean="mean", n="size").reset_index()
+    return METRIC_SUMMARY.conform(summary, source="summarize")
+
+
+def _scored_run(run: pd.DataFrame) -> pd.DataFrame:
+    """The run as ir_measures' (query_id, doc_id, score) with score = -rank, so that both libraries'
+    descending-score order is exactly our rank order."""
+    _require(run, ("query_id", "doc_id", "rank"), "run")
+    for key in (["query_id", "doc_id"], ["query_id", "rank"]):
+        duplicated = run.duplicated(key)
+        if duplicated.any():
+            raise ValueError(f"run has duplicate {'/'.join(key)} {tuple(run.loc[duplicated, key].iloc[0])}; "
+                             "expected each document once per query with distinct ranks")
+    ordered = run.sort_values(["query_id", "rank"], kind="stable")  # pyndeval groups consecutive query rows
+    return pd.DataFrame({"query_id": ordered["query_id"].astype(str).to_numpy(),
+                         "doc_id": ordered["doc_id"].astype(str).to_numpy(),
+                         "score": -ordered["rank"].to_numpy(dtype=float)})
+
+
+def _require(frame: pd.DataFrame, columns: tuple[str, ...], name: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{name} is missing column(s) {missing}; expected columns {list(columns)}")

@@ -1,0 +1,186 @@
+"""Coverage-aware context selection (METHODS.md §1): greedy max-marginal coverage, its soft extension,
+relevance order, and the per-query driver that turns a pool and a coverage table into a run.
+
+Conventions shared by every selector here: a selection is an array of distinct document indices in
+selection order; `tie_break` is a score per document (higher first, then lower index), which is also the
+order in which the remaining documents fill the selection once nothing adds coverage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from covlab.models.schemas import Schema
+
+# The run every selector produces: rank 1 is the first document selected. The lead may move this next to
+# the other declared tables in schemas.py.
+SELECTIONS = Schema("selections", {"query_id": "string", "rank": "int64", "doc_id": "string"},
+                    key=("query_id", "rank"))
+SELECTION_METHODS = ("relevance", "greedy", "soft_greedy")
+
+
+def relevance_order(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the top-`k` documents by score, ties by lower index (the relevance baseline)."""
+    scores = _scores(scores, "scores")
+    _check_k(k)
+    return np.argsort(-scores, kind="stable")[:k]
+
+
+def greedy_coverage(covers: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+    """Indices of min(k, n_docs) documents: each step the document covering the most uncovered
+    subquestions (METHODS.md §1, LANCER code), ties by `tie_break` (higher first, then lower index); once
+    no candidate adds coverage, the rest in `tie_break` order.
+
+    `covers` is the binary matrix M[d, v] (n_docs, n_subquestions), bool or 0/1."""
+    covers = np.asarray(covers)
+    if covers.ndim != 2:
+        raise ValueError(f"covers must be a 2-D (n_docs, n_subquestions) matrix; got shape {covers.shape}")
+    if covers.dtype != bool and not np.isin(covers, (0, 1)).all():
+        raise ValueError("covers must be boolean or 0/1; got values "
+                         f"{np.unique(covers[~np.isin(covers, (0, 1))])[:5].tolist()}")
+    # With 0/1 probabilities the expected new coverage is exactly the count of newly covered subquestions.
+    return _greedy_expected_coverage(covers.astype(float), tie_break, k)
+
+
+def soft_greedy_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+    """[chosen extension, METHODS.md §1] Greedy on expected coverage: each step the document maximising
+    sum_j p_dj * prod_{s in S} (1 - p_sj), the expected number of newly covered subquestions under the
+    estimator's probabilities p (n_docs, n_subquestions) in [0, 1]. Ties and fill as `greedy_coverage`;
+    ties are exact float equality. Equals `greedy_coverage` when p is 0/1."""
+    probs = np.asarray(probs, dtype=float)
+    if probs.ndim != 2:
+        raise ValueError(f"probs must be a 2-D (n_docs, n_subquestions) matrix; got shape {probs.shape}")
+    outside = ~((probs >= 0) & (probs <= 1))  # also catches NaN
+    if outside.any():
+        raise ValueError(f"probs must lie in [0, 1]; got {probs[outside][:5].tolist()}")
+    return _greedy_expected_coverage(probs, tie_break, k)
+
+
+def _greedy_expected_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+    """The greedy loop shared by the hard and soft selectors. Rows are visited in tie-break order, so
+    `argmax` (first maximum) resolves ties by tie_break, then index."""
+    n_docs, n_subquestions = probs.shape
+    tie_break = _scores(tie_break, "tie_break")
+    if tie_break.shape != (n_docs,):
+        raise ValueError(f"tie_break must have one score per document ({n_docs}); got shape {tie_break.shape}")
+    _check_k(k)
+    order = relevance_order(tie_break, n_docs)
+    ranked = probs[order]
+    uncovered = np.ones(n_subquestions)  # prod_{s in S} (1 - p_sj): probability subquestion j is still open
+    available = np.ones(n_docs, dtype=bool)
+    chosen: list[int] = []
+    size = min(k, n_docs)
+    while len(chosen) < size:
+        gains = np.where(available, ranked @ uncovered, -np.inf)
+        best = int(np.argmax(gains))
+        if gains[best] <= 0:
+            break
+        chosen.append(best)
+        available[best] = False
+        uncovered *= 1.0 - ranked[best]
+    chosen += np.flatnonzero(available)[: size - len(chosen)].tolist()
+    return order[np.asarray(chosen, dtype=int)]
+
+
+def coverage_curve(covers: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Number of subquestions covered by the first 1, 2, ..., len(order) documents of `order`."""
+    covers = np.asarray(covers, dtype=bool)
+    order = np.asarray(order, dtype=int)
+    if covers.ndim != 2:
+        raise ValueError(f"covers must be a 2-D (n_docs, n_subquestions) matrix; got shape {covers.shape}")
+    if len(order) == 0:
+        return np.zeros(0, dtype=int)
+    return np.logical_or.accumulate(covers[order], axis=0).sum(axis=1)
+
+
+def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataFrame | None = None,
+                     nugget_column: str = "nugget_id", value_column: str = "grade",
+                     threshold: float = 1.0) -> pd.DataFrame:
+    """A SELECTIONS run: for every query of `pool` (a POOLS table), `k` documents chosen by `method`.
+
+    - relevance: the pool's first k by rank.
+    - greedy: `greedy_coverage` on M[d, v] = value >= threshold (gold links: grade >= 1, METHODS.md §1
+      judgments: rating >= 4, estimator: p >= tau = 0.3).
+    - soft_greedy: `soft_greedy_coverage` on the values themselves (probabilities in [0, 1]).
+    Ties and fill follow the pool rank (rank 1 first): a reranked pool carries the bi-encoder order.
+    `coverage` is long-form (query_id, doc_id, <nugget_column>, <value_column>); the defaults read a
+    NUGGET_LINKS table. The subquestions of a query are those named in its coverage rows; pool documents
+    without rows cover nothing; a query without rows falls back to relevance order."""
+    if method not in SELECTION_METHODS:
+        raise ValueError(f"unknown selection method {method!r}; expected one of {SELECTION_METHODS}")
+    _check_k(k)
+    pool = _ranked_pool(pool)
+    by_query = _coverage_by_query(coverage, method, nugget_column, value_column)
+    frames = []
+    for query_id, docs in pool.groupby("query_id", sort=True):
+        doc_ids = docs["doc_id"].to_numpy()
+        pool_order = -docs["rank"].to_numpy(dtype=float)
+        if method == "relevance":
+            chosen = relevance_order(pool_order, k)
+        else:
+            matrix = _query_matrix(doc_ids, by_query.get(query_id), nugget_column, value_column)
+            chosen = (greedy_coverage(matrix >= threshold, pool_order, k) if method == "greedy"
+                      else soft_greedy_coverage(matrix, pool_order, k))
+        frames.append(pd.DataFrame({"query_id": query_id, "rank": np.arange(1, len(chosen) + 1),
+                                    "doc_id": doc_ids[chosen]}))
+    return SELECTIONS.conform(pd.concat(frames, ignore_index=True) if frames else SELECTIONS.empty(),
+                              source="select_per_query")
+
+
+def _ranked_pool(pool: pd.DataFrame) -> pd.DataFrame:
+    missing = [c for c in ("query_id", "doc_id", "rank") if c not in pool.columns]
+    if missing:
+        raise ValueError(f"pool is missing column(s) {missing}; expected a POOLS table (query_id, doc_id, rank, score)")
+    for key in (["query_id", "doc_id"], ["query_id", "rank"]):
+        duplicated = pool.duplicated(key)
+        if duplicated.any():
+            raise ValueError(f"pool has duplicate {'/'.join(key)} {tuple(pool.loc[duplicated, key].iloc[0])}; "
+                             "expected one row per document and distinct ranks per query")
+    return pool.sort_values(["query_id", "rank"], kind="stable")
+
+
+def _coverage_by_query(coverage: pd.DataFrame | None, method: str, nugget_column: str,
+                       value_column: str) -> dict[str, pd.DataFrame]:
+    if method == "relevance":
+        return {}
+    if coverage is None:
+        raise ValueError(f"method {method!r} needs a coverage table (query_id, doc_id, {nugget_column}, "
+                         f"{value_column})")
+    columns = ["query_id", "doc_id", nugget_column, value_column]
+    missing = [c for c in columns if c not in coverage.columns]
+    if missing:
+        raise ValueError(f"coverage is missing column(s) {missing}; expected columns {columns}")
+    not_numeric = pd.to_numeric(coverage[value_column], errors="coerce").isna().to_numpy()
+    if not_numeric.any():
+        first = int(not_numeric.argmax())
+        raise ValueError(f"coverage.{value_column} must be numeric; record {first} has "
+                         f"{coverage[value_column].iloc[first]!r}")
+    duplicated = coverage.duplicated(columns[:3])
+    if duplicated.any():
+        raise ValueError(f"coverage has duplicate query_id/doc_id/{nugget_column} "
+                         f"{tuple(coverage.loc[duplicated, columns[:3]].iloc[0])}; expected one value per pair")
+    return dict(tuple(coverage[columns].groupby("query_id", sort=False)))
+
+
+def _query_matrix(doc_ids: np.ndarray, rows: pd.DataFrame | None, nugget_column: str,
+                  value_column: str) -> np.ndarray:
+    """M[d, v] for one query: pool documents in pool order x the query's subquestions; absent pairs are 0."""
+    if rows is None:
+        return np.zeros((len(doc_ids), 0))
+    wide = rows.pivot(index="doc_id", columns=nugget_column, values=value_column)
+    return wide.reindex(index=doc_ids).fillna(0).to_numpy(dtype=float)
+
+
+def _scores(values: np.ndarray, name: str) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    if values.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one score per document); got shape {values.shape}")
+    if not np.isfinite(values).all():
+        raise ValueError(f"{name} must be finite; got {values[~np.isfinite(values)][:5].tolist()}")
+    return values
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"k must be a non-negative integer; got {k!r}")

@@ -1,0 +1,62 @@
+"""Paired per-query comparison of two methods (METHODS.md §2 "Statistics"): mean difference with a
+percentile bootstrap CI, win/tie/loss counts, sign test, and Wilcoxon signed-rank test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+
+def paired_comparison(a: pd.Series, b: pd.Series, n_boot: int = 10000, seed: int = 0,
+                      confidence: float = 0.95) -> dict:
+    """Compare per-query values `a` and `b` (indexed by query id; both must hold the same queries).
+
+    Returns plain Python numbers (JSON-ready): n, mean_a, mean_b, mean_difference (a - b), ci_low and
+    ci_high (percentile bootstrap over queries, `n_boot` resamples drawn from numpy's Generator(seed)),
+    confidence, wins / ties / losses (a > b / a == b / a < b, exact equality), sign_test_p (two-sided
+    binomial test on the non-tied queries) and wilcoxon_p (two-sided, zero differences dropped, exact for
+    small n as scipy decides). Both p-values are None when every query is a tie: there is nothing to test."""
+    diff = _paired_differences(a, b)
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be a positive number of bootstrap resamples; got {n_boot}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1; got {confidence}")
+    values = diff.to_numpy()
+    resampled = np.random.default_rng(seed).integers(0, len(values), size=(n_boot, len(values)))
+    boot_means = values[resampled].mean(axis=1)
+    tail = (1 - confidence) / 2
+    ci_low, ci_high = np.quantile(boot_means, [tail, 1 - tail])
+    wins, losses = int((values > 0).sum()), int((values < 0).sum())
+    untied = wins + losses
+    return {
+        "n": len(values),
+        "mean_a": float(a.mean()),
+        "mean_b": float(b.mean()),
+        "mean_difference": float(values.mean()),
+        "ci_low": float(ci_low),
+        "ci_high": float(ci_high),
+        "confidence": confidence,
+        "wins": wins,
+        "ties": len(values) - untied,
+        "losses": losses,
+        "sign_test_p": float(stats.binomtest(wins, untied, 0.5).pvalue) if untied else None,
+        "wilcoxon_p": float(stats.wilcoxon(values[values != 0]).pvalue) if untied else None,
+    }
+
+
+def _paired_differences(a: pd.Series, b: pd.Series) -> pd.Series:
+    """a - b aligned on the query index; refuses unpaired, duplicated or missing values."""
+    for name, series in (("a", a), ("b", b)):
+        if series.index.has_duplicates:
+            raise ValueError(f"{name} has duplicate query ids {series.index[series.index.duplicated()][:5].tolist()}; "
+                             "expected one value per query")
+        if series.isna().any():
+            raise ValueError(f"{name} has missing values for queries {series.index[series.isna()][:5].tolist()}")
+    only_a, only_b = a.index.difference(b.index), b.index.difference(a.index)
+    if len(only_a) or len(only_b):
+        raise ValueError(f"a and b must hold the same queries; only in a: {only_a[:5].tolist()}, "
+                         f"only in b: {only_b[:5].tolist()}")
+    if len(a) == 0:
+        raise ValueError("a and b are empty; expected at least one query")
+    return (a - b.reindex(a.index)).astype(float)

@@ -1,0 +1,246 @@
+"""Greedy coverage selection (METHODS.md §1): exhaustive search where greedy is provably optimal, the
+(1 - 1/e) bound everywhere, the documented counterexample to "greedy beats relevance at every prefix",
+tie-breaking and fill, the soft extension, and the per-query driver on the demo dataset."""
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from covlab.models.pools import rank_within_queries
+from covlab.models.selection import (SELECTIONS, coverage_curve, greedy_coverage, relevance_order,
+                                     select_per_query, soft_greedy_coverage)
+
+INSTANCES = 300
+
+
+def best_coverage(covers: np.ndarray, size: int) -> int:
+    """Exhaustive: the most subquestions any `size` documents cover together."""
+    if size == 0 or covers.shape[1] == 0:
+        return 0
+    return max(int(covers[list(c)].any(axis=0).sum()) for c in itertools.combinations(range(len(covers)), size))
+
+
+def random_instances(seed: int, make_covers):
+    rng = np.random.default_rng(seed)
+    for _ in range(INSTANCES):
+        n_docs, n_subquestions = int(rng.integers(1, 8)), int(rng.integers(1, 7))
+        covers = make_covers(rng, n_docs, n_subquestions)
+        tie_break = rng.integers(0, 3, size=n_docs).astype(float)  # few values: many ties
+        yield covers, tie_break
+
+
+def dense_covers(rng, n_docs, n_subquestions):
+    return rng.random((n_docs, n_subquestions)) < rng.uniform(0.1, 0.7)
+
+
+def single_subquestion_covers(rng, n_docs, n_subquestions):
+    """Each document covers at most one subquestion."""
+    covers = np.zeros((n_docs, n_subquestions), dtype=bool)
+    covering = rng.random(n_docs) < 0.8
+    covers[np.flatnonzero(covering), rng.integers(0, n_subquestions, size=int(covering.sum()))] = True
+    return covers
+
+
+def disjoint_covers(rng, n_docs, n_subquestions):
+    """Each subquestion is covered by at most one document."""
+    covers = np.zeros((n_docs, n_subquestions), dtype=bool)
+    owner = rng.integers(-1, n_docs, size=n_subquestions)  # -1: nobody covers it
+    covers[owner[owner >= 0], np.flatnonzero(owner >= 0)] = True
+    return covers
+
+
+def test_greedy_equals_exhaustive_for_one_document():
+    for covers, tie_break in random_instances(0, dense_covers):
+        chosen = greedy_coverage(covers, tie_break, 1)
+        assert coverage_curve(covers, chosen)[0] == best_coverage(covers, 1)
+
+
+@pytest.mark.parametrize("make_covers", [single_subquestion_covers, disjoint_covers])
+def test_greedy_equals_exhaustive_at_every_prefix_where_it_is_optimal(make_covers):
+    for covers, tie_break in random_instances(1, make_covers):
+        curve = coverage_curve(covers, greedy_coverage(covers, tie_break, len(covers)))
+        assert curve.tolist() == [best_coverage(covers, i) for i in range(1, len(covers) + 1)]
+
+
+def test_greedy_is_within_one_minus_one_over_e_of_the_best_at_every_prefix():
+    bound = 1 - 1 / np.e
+    for covers, tie_break in random_instances(2, dense_covers):
+        curve = coverage_curve(covers, greedy_coverage(covers, tie_break, len(covers)))
+        for i, covered in enumerate(curve, start=1):
+            assert covered >= bound * best_coverage(covers, i)
+
+
+def test_greedy_adds_a_subquestion_each_step_until_everything_coverable_is_covered():
+    """Hence greedy never covers fewer than relevance order at prefix 1, nor at any prefix of at least
+    as many documents as there are coverable subquestions (it has covered all of them by then)."""
+    rng = np.random.default_rng(30)
+    for covers, tie_break in random_instances(3, dense_covers):
+        coverable = int(covers.any(axis=0).sum())
+        prefixes = np.arange(1, len(covers) + 1)
+        greedy = coverage_curve(covers, greedy_coverage(covers, tie_break, len(covers)))
+        assert (greedy >= np.minimum(prefixes, coverable)).all()
+        assert greedy[-1] == coverable
+        relevance = coverage_curve(covers, relevance_order(rng.random(len(covers)), len(covers)))
+        assert greedy[0] >= relevance[0]
+        assert (greedy[prefixes >= coverable] >= relevance[prefixes >= coverable]).all()
+
+
+def test_greedy_covers_at_least_relevance_at_every_prefix_with_single_subquestion_documents():
+    rng = np.random.default_rng(4)
+    for covers, tie_break in random_instances(4, single_subquestion_covers):
+        relevance_scores = rng.random(len(covers))
+        greedy = coverage_curve(covers, greedy_coverage(covers, tie_break, len(covers)))
+        relevance = coverage_curve(covers, relevance_order(relevance_scores, len(covers)))
+        assert (greedy >= relevance).all()
+
+
+def test_greedy_can_trail_relevance_at_a_middle_prefix():
+    """Known answer: the issue's "never fewer than relevance at every prefix" is false in general.
+    A = {1,2,3,4}, B = {1,2,5}, C = {3,4,6}; relevance order B, C, A.
+    greedy: A (4 new), then B or C (1 new each; B ranks higher) -> 4, 5, 6 covered.
+    relevance: B, C -> 3, 6, 6 covered: ahead at prefix 2."""
+    covers = np.array([[1, 1, 1, 1, 0, 0],   # A
+                       [1, 1, 0, 0, 1, 0],   # B
+                       [0, 0, 1, 1, 0, 1]],  # C
+                      dtype=bool)
+    relevance_scores = np.array([1.0, 3.0, 2.0])
+    greedy = greedy_coverage(covers, relevance_scores, 3)
+    assert greedy.tolist() == [0, 1, 2]
+    assert coverage_curve(covers, greedy).tolist() == [4, 5, 6]
+    assert coverage_curve(covers, relevance_order(relevance_scores, 3)).tolist() == [3, 6, 6]
+
+
+def test_fill_after_saturation_follows_tie_break_order():
+    covers = np.array([[0, 0], [1, 0], [0, 0], [1, 1], [0, 0]], dtype=bool)
+    tie_break = np.array([5.0, 1.0, 4.0, 0.0, 4.0])
+    # doc 3 covers both; nothing adds coverage afterwards -> fill by tie_break: 0 (5), 2 and 4 (4, lower
+    # index first), 1 (1).
+    assert greedy_coverage(covers, tie_break, 5).tolist() == [3, 0, 2, 4, 1]
+    assert greedy_coverage(covers, tie_break, 3).tolist() == [3, 0, 2]
+
+
+def test_ties_break_by_tie_break_then_lower_index():
+    covers = np.array([[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 1, 0]], dtype=bool)
+    assert greedy_coverage(covers, np.array([0.0, 0.0, 0.0, 0.0]), 4).tolist() == [0, 1, 2, 3]
+    assert greedy_coverage(covers, np.array([0.0, 0.0, 0.0, 1.0]), 4).tolist() == [3, 0, 2, 1]
+    assert greedy_coverage(covers, np.array([0.2, 0.5, 0.9, 0.5]), 4).tolist() == [2, 1, 0, 3]
+
+
+def test_coverage_beats_tie_break():
+    covers = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=bool)
+    assert greedy_coverage(covers, np.array([10.0, 0.0, 5.0]), 3).tolist() == [1, 2, 0]
+
+
+def test_soft_greedy_equals_hard_greedy_on_binary_probabilities():
+    for covers, tie_break in random_instances(5, dense_covers):
+        for k in (1, 3, len(covers) + 2):
+            assert (soft_greedy_coverage(covers.astype(float), tie_break, k).tolist()
+                    == greedy_coverage(covers, tie_break, k).tolist())
+
+
+def test_soft_greedy_maximises_expected_new_coverage():
+    """Known answer where soft and tau-binarised greedy part ways.
+    Soft, step 1: d0 0.35 + 0.35 = 0.70, d1 0.95, d2 0.80 -> d1. Open probabilities (0.05, 1, 1):
+    d0 0.35*0.05 + 0.35 = 0.3675, d2 0.8 -> d2, then d0.
+    Hard at tau = 0.3: d0 covers {0, 1}, d1 {0}, d2 {2} -> d0 (2 new), d2 (1 new), then d1 as fill."""
+    probs = np.array([[0.35, 0.35, 0.0],
+                      [0.95, 0.0, 0.0],
+                      [0.0, 0.0, 0.8]])
+    assert soft_greedy_coverage(probs, np.zeros(3), 3).tolist() == [1, 2, 0]
+    assert greedy_coverage(probs >= 0.3, np.zeros(3), 3).tolist() == [0, 2, 1]
+
+
+def test_k_larger_than_pool_returns_every_document_once():
+    for covers, tie_break in random_instances(6, dense_covers):
+        for select in (greedy_coverage, soft_greedy_coverage):
+            chosen = select(covers, tie_break, len(covers) + 5)
+            assert sorted(chosen.tolist()) == list(range(len(covers)))
+
+
+def test_no_subquestions_falls_back_to_tie_break_order():
+    tie_break = np.array([0.1, 0.7, 0.3, 0.7])
+    for select in (greedy_coverage, soft_greedy_coverage):
+        assert select(np.zeros((4, 0)), tie_break, 3).tolist() == [1, 3, 2]
+        assert select(np.zeros((0, 0)), np.zeros(0), 3).tolist() == []
+    assert greedy_coverage(np.ones((3, 2), dtype=bool), np.zeros(3), 0).tolist() == []
+
+
+def test_relevance_order_and_coverage_curve_known_answers():
+    assert relevance_order(np.array([0.3, 0.9, 0.3, 0.1]), 3).tolist() == [1, 0, 2]
+    covers = np.array([[1, 0, 0], [1, 1, 0], [0, 0, 0]], dtype=bool)
+    assert coverage_curve(covers, np.array([0, 2, 1])).tolist() == [1, 1, 2]
+    assert coverage_curve(covers, np.array([], dtype=int)).tolist() == []
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: greedy_coverage(np.ones(3, dtype=bool), np.zeros(3), 1), "2-D"),
+    (lambda: greedy_coverage(np.full((2, 2), 2), np.zeros(2), 1), "boolean or 0/1"),
+    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.zeros(3), 1), "one score per document"),
+    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.array([0.0, np.nan]), 1), "finite"),
+    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.zeros(2), -1), "non-negative integer"),
+    (lambda: soft_greedy_coverage(np.array([[0.5, 1.5]]), np.zeros(1), 1), r"\[0, 1\]"),
+    (lambda: soft_greedy_coverage(np.array([[0.5, np.nan]]), np.zeros(1), 1), r"\[0, 1\]"),
+])
+def test_bad_input_is_named(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.fixture(scope="module")
+def demo_pools(demo_dataset):
+    """The demo's candidates ranked by a fixed pseudo-relevance (doc id order reversed)."""
+    candidates = demo_dataset.candidates
+    return rank_within_queries(candidates.assign(score=-candidates["doc_id"].str[-4:].astype(int).astype(float)))
+
+
+def test_select_per_query_matches_the_array_selectors(demo_dataset, demo_pools):
+    links = demo_dataset.nugget_links
+    for method in ("relevance", "greedy", "soft_greedy"):
+        run = select_per_query(demo_pools, method, 10, links)
+        assert list(run.columns) == list(SELECTIONS.columns)
+        assert set(run["query_id"]) == set(demo_pools["query_id"])
+        for query_id, selected in run.groupby("query_id"):
+            pool = demo_pools[demo_pools["query_id"] == query_id].sort_values("rank")
+            assert selected["rank"].tolist() == list(range(1, 11))
+            doc_ids = pool["doc_id"].tolist()
+            nuggets = sorted(links.loc[links["query_id"] == query_id, "nugget_id"].unique())
+            covered = {(d, n) for d, n in links.loc[links["query_id"] == query_id, ["doc_id", "nugget_id"]]
+                       .itertuples(index=False)}
+            covers = np.array([[(d, n) in covered for n in nuggets] for d in doc_ids])
+            expected = (relevance_order(-pool["rank"].to_numpy(float), 10) if method == "relevance"
+                        else greedy_coverage(covers, -pool["rank"].to_numpy(float), 10))
+            assert selected["doc_id"].tolist() == [doc_ids[i] for i in expected]
+            if method != "relevance":  # every demo nugget has a covering document and there are <= 10
+                assert coverage_curve(covers, expected)[-1] == len(nuggets)
+
+
+def test_select_per_query_thresholds_and_missing_coverage():
+    pool = pd.DataFrame({"query_id": ["q1"] * 3 + ["q2"] * 2, "doc_id": ["a", "b", "c", "x", "y"],
+                         "rank": [1, 2, 3, 1, 2], "score": [3.0, 2.0, 1.0, 2.0, 1.0]})
+    coverage = pd.DataFrame({"query_id": ["q1"] * 4, "doc_id": ["a", "b", "c", "c"],
+                             "subquestion_id": ["s1", "s1", "s2", "s1"],
+                             "probability": [0.2, 0.35, 0.9, 0.9]})
+    run = select_per_query(pool, "greedy", 2, coverage, nugget_column="subquestion_id",
+                           value_column="probability", threshold=0.3)
+    # q1: c covers s1 and s2 at tau = 0.3; then nothing new -> fill by rank (a). q2 has no rows: by rank.
+    assert run.values.tolist() == [["q1", 1, "c"], ["q1", 2, "a"], ["q2", 1, "x"], ["q2", 2, "y"]]
+    soft = select_per_query(pool, "soft_greedy", 3, coverage, nugget_column="subquestion_id",
+                            value_column="probability")
+    # c first (1.8); then open (0.1, 0.1): a 0.2*0.1 = 0.02 < b 0.35*0.1 = 0.035 -> b, a.
+    assert soft.loc[soft["query_id"] == "q1", "doc_id"].tolist() == ["c", "b", "a"]
+
+
+def test_select_per_query_names_bad_input():
+    pool = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "b"], "rank": [1, 1], "score": [1.0, 1.0]})
+    with pytest.raises(ValueError, match="duplicate query_id/rank"):
+        select_per_query(pool, "relevance", 1)
+    pool["rank"] = [1, 2]
+    with pytest.raises(ValueError, match="unknown selection method 'mmr'"):
+        select_per_query(pool, "mmr", 1)
+    with pytest.raises(ValueError, match="needs a coverage table"):
+        select_per_query(pool, "greedy", 1)
+    links = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "a"], "nugget_id": ["n", "n"], "grade": [1, 1]})
+    with pytest.raises(ValueError, match="duplicate query_id/doc_id/nugget_id"):
+        select_per_query(pool, "greedy", 1, links)
