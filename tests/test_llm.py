@@ -1,0 +1,301 @@
+"""The LLM resource against a real local HTTP server: transport retries and their waits, format re-asks,
+the answer cache, the concurrency limit, backend "none", and an API key that is sent but never shown."""
+
+import json
+import logging
+import random
+import threading
+import uuid
+
+import pytest
+from dagster import DagsterInstance, EnvVar, asset, materialize
+from fake_llm_server import FakeLLMServer, Reply
+from sqlalchemy import create_engine, select, text
+
+from covlab.models.prompts import parse_subquestions
+from covlab.resources.llm import (LLM_CACHE, LLMFormatError, LLMRequestError, LLMResource, LLMUnavailable,
+                                  request_key)
+
+KEY = "sk-test-5f3c9a1e7d-not-a-real-key"
+PROMPT = "decompose-test"
+MESSAGES = [{"role": "user", "content": "Split into subquestions: why is the sky blue?"}]
+
+
+@pytest.fixture
+def server():
+    with FakeLLMServer() as fake:
+        yield fake
+
+
+@pytest.fixture
+def cache_url(tmp_path):
+    return f"sqlite:///{tmp_path}/cache/llm_cache.sqlite"
+
+
+@pytest.fixture
+def make_llm(server, cache_url):
+    """LLMResource factory pointed at the fake server, with short timeouts and tiny backoff."""
+    made = []
+
+    def make(**overrides) -> LLMResource:
+        config = {"backend": "openai", "base_url": server.url, "model": "fake-model", "api_key": KEY,
+                  "timeout_s": 0.3, "max_retries": 3, "backoff_base_s": 0.01, "backoff_max_s": 1.0,
+                  "cache_url": cache_url, **overrides}
+        made.append(LLMResource(**config))
+        return made[-1]
+
+    yield make
+    for llm in made:
+        llm.close()
+
+
+def cache_rows(cache_url) -> list[dict]:
+    engine = create_engine(cache_url)
+    with engine.connect() as connection:
+        rows = [dict(row._mapping) for row in connection.execute(select(LLM_CACHE))]
+    engine.dispose()
+    return rows
+
+
+def test_request_carries_model_parameters_and_key(server, make_llm):
+    server.script(Reply.answer('["a", "b"]'), Reply.answer('["c"]'))
+    llm = make_llm(temperature=0.2, max_tokens=64, seed=7)
+    assert llm.chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a", "b"]
+    assert make_llm(seed=None).chat_json(PROMPT, MESSAGES, parse_subquestions) == ["c"]
+    first, second = server.requests
+    assert first.path == "/v1/chat/completions"
+    assert first.body == {"model": "fake-model", "messages": MESSAGES, "temperature": 0.2, "max_tokens": 64,
+                          "seed": 7}
+    assert "seed" not in second.body
+    assert first.headers["Authorization"] == f"Bearer {KEY}"
+
+
+@pytest.mark.parametrize("fault", [Reply.hang(1.0), Reply.error(500), Reply.error(503), Reply.error(408),
+                                   Reply.error(429, retry_after="0.05")],
+                         ids=["timeout", "500", "503", "408", "429"])
+def test_each_transport_fault_is_retried(server, make_llm, fault):
+    server.script(fault, fault, Reply.answer('["a"]'))
+    assert make_llm().chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]
+    assert len(server.requests) == 3
+
+
+def test_gives_up_after_max_retries_naming_the_prompt(server, make_llm):
+    server.script(*[Reply.error(502, "upstream down")] * 4)
+    with pytest.raises(LLMRequestError, match=rf"{PROMPT}: .* failed 4 times; last: HTTP 502: upstream down") as error:
+        make_llm(max_retries=3).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert (error.value.attempts, error.value.status, error.value.prompt_id) == (4, 502, PROMPT)
+    assert len(server.requests) == 4
+
+
+def test_client_errors_and_non_completions_are_not_retried(server, make_llm):
+    llm = make_llm()
+    server.script(Reply.error(400, "maximum context length exceeded"))
+    with pytest.raises(LLMRequestError, match="refused the request .*HTTP 400: maximum context length exceeded"):
+        llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    server.script(Reply.garbage())
+    with pytest.raises(LLMRequestError, match="not a chat completion .*choices"):
+        llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert len(server.requests) == 2
+
+
+def test_backoff_waits_doubling_intervals(server, make_llm):
+    base, jitter = 0.08, 0.25
+    server.script(Reply.error(500), Reply.error(500), Reply.error(500), Reply.answer('["a"]'))
+    make_llm(backoff_base_s=base, backoff_jitter=jitter).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    arrivals = [request.arrived for request in server.requests]
+    for retry, gap in enumerate(b - a for a, b in zip(arrivals, arrivals[1:])):
+        planned = base * 2 ** retry
+        assert planned * (1 - jitter) <= gap < planned + 0.25, (retry, gap)
+
+
+def test_retry_after_is_honoured_up_to_the_cap(server, make_llm):
+    server.script(Reply.error(429, retry_after="0.4"), Reply.answer('["a"]'))
+    make_llm(backoff_base_s=0.001).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    first, second = server.requests
+    assert second.arrived - first.arrived >= 0.4
+    server.script(Reply.error(429, retry_after="30"), Reply.answer('["b"]'))
+    make_llm(backoff_max_s=0.05, temperature=0.5).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    third, fourth = server.requests[2:]
+    assert fourth.arrived - third.arrived < 1.0
+
+
+def test_malformed_answer_is_reasked_with_the_problem(server, make_llm):
+    bad = "Sure! 1. Why is light scattered? 2. Why blue?"
+    server.script(Reply.answer(bad), Reply.answer('```json\n["Why is light scattered?"]\n```'))
+    assert make_llm().chat_json(PROMPT, MESSAGES, parse_subquestions) == ["Why is light scattered?"]
+    first, second = server.requests
+    assert first.messages == MESSAGES
+    assert second.messages[:2] == [*MESSAGES, {"role": "assistant", "content": bad}]
+    assert second.messages[2]["role"] == "user" and "not valid JSON" in second.messages[2]["content"]
+
+
+def test_format_failure_names_prompt_and_raw_answer_and_caches_nothing(server, make_llm, cache_url):
+    server.script(Reply.answer("nope 1"), Reply.answer("[]"), Reply.answer("still not json"))
+    llm = make_llm(max_format_retries=2)
+    with pytest.raises(LLMFormatError, match=rf"{PROMPT}: 3 answers .* last raw answer: 'still not json'") as error:
+        llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert (error.value.prompt_id, error.value.raw_answer, error.value.attempts) == (PROMPT, "still not json", 3)
+    assert len(server.requests) == 3
+    assert cache_rows(cache_url) == []
+    server.script(Reply.answer('["a"]'))
+    assert llm.chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]
+    assert len(server.requests) == 4
+
+
+def test_cache_answers_repeats_and_keys_on_every_parameter(server, make_llm, cache_url):
+    server.responder = lambda body: Reply.answer('["a"]')
+    llm = make_llm()
+    llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert llm.chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]
+    assert make_llm().chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]  # a re-run: a new instance
+    assert len(server.requests) == 1
+    other_messages = [{"role": "user", "content": "Split into subquestions: why is grass green?"}]
+    llm.chat_json(PROMPT, other_messages, parse_subquestions)
+    for change in ({"temperature": 0.7}, {"seed": 1}, {"max_tokens": 99}, {"model": "other-model"}):
+        make_llm(**change).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert len(server.requests) == 6
+    rows = cache_rows(cache_url)
+    assert len(rows) == 6
+    assert {row["prompt_id"] for row in rows} == {PROMPT} and {row["answer"] for row in rows} == {'["a"]'}
+    assert {row["model"] for row in rows} == {"fake-model", "other-model"}
+    assert all(row["created_at"] is not None for row in rows)
+    assert request_key("fake-model", MESSAGES, 0.0, 1024, 0) in {row["key"] for row in rows}
+
+
+def test_cache_in_postgresql(server, make_llm):
+    """The cache URL also takes a server database: concurrent writers of one key, then a re-run from it."""
+    admin_url = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+    database = f"covlab_llm_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{database}"'))
+    except Exception as exc:  # noqa: BLE001 (any connection failure means: no server here)
+        admin.dispose()
+        pytest.skip(f"PostgreSQL at 127.0.0.1:5432 is not usable: {exc}")
+    url = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{database}"
+    try:
+        server.responder = lambda body: Reply.answer('["a"]', delay_s=0.05)
+        llm = make_llm(cache_url=url, concurrency=4)
+        assert llm.chat_json_many(PROMPT, [MESSAGES] * 4, parse_subquestions) == [["a"]] * 4
+        asked = len(server.requests)
+        assert make_llm(cache_url=url).chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]
+        assert len(server.requests) == asked
+        assert len(cache_rows(url)) == 1
+        llm.close()
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_a_cached_answer_that_no_longer_parses_is_asked_again(server, make_llm):
+    server.script(Reply.answer('["a"]'), Reply.answer('["a", "b"]'))
+    llm = make_llm()
+    llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+
+    def at_least_two(text: str) -> list[str]:
+        items = parse_subquestions(text)
+        if len(items) < 2:
+            raise ValueError("expected at least two subquestions")
+        return items
+
+    assert llm.chat_json(PROMPT, MESSAGES, at_least_two) == ["a", "b"]
+    assert llm.chat_json(PROMPT, MESSAGES, at_least_two) == ["a", "b"]
+    assert len(server.requests) == 2
+
+
+def test_many_keeps_input_order_and_the_concurrency_limit(server, make_llm):
+    delays, lock = random.Random(3), threading.Lock()
+
+    def echo_slowly(body):
+        with lock:
+            delay = delays.uniform(0.02, 0.12)
+        return Reply.answer(json.dumps([body["messages"][-1]["content"]]), delay_s=delay)
+
+    server.responder = echo_slowly
+    conversations = [[{"role": "user", "content": f"question {i}"}] for i in range(12)]
+    llm = make_llm(concurrency=3)
+    assert llm.chat_json_many(PROMPT, conversations, parse_subquestions) == [[f"question {i}"] for i in range(12)]
+    assert server.max_in_flight == 3
+    assert len(server.requests) == 12
+    assert llm.chat_json_many(PROMPT, conversations, parse_subquestions) == [[f"question {i}"] for i in range(12)]
+    assert len(server.requests) == 12
+    # The limit holds for the resource, not per call: six threads calling at once still get three slots.
+    callers = [threading.Thread(target=llm.chat_json, args=(PROMPT, [{"role": "user", "content": f"other {i}"}],
+                                                            parse_subquestions)) for i in range(6)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert len(server.requests) == 18 and server.max_in_flight == 3
+
+
+def test_backend_none_fails_fast_naming_settings_and_alternatives(server, cache_url):
+    llm = LLMResource(base_url=server.url, cache_url=cache_url)
+    purpose = "subquestions (without an LLM: subquestion_source 'gold' or 'grounded')"
+    with pytest.raises(LLMUnavailable) as error:
+        llm.require(purpose)
+    message = str(error.value)
+    for expected in ('backend "none"', "llm.backend", "llm.base_url", "llm.model", "COVLAB_LLM_API_KEY", purpose):
+        assert expected in message
+    with pytest.raises(LLMUnavailable, match=PROMPT):
+        llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    with pytest.raises(LLMUnavailable):
+        llm.chat_json_many(PROMPT, [MESSAGES], parse_subquestions)
+    with pytest.raises(LLMUnavailable, match="no model"):
+        LLMResource(backend="openai", base_url=server.url, cache_url=cache_url).require(purpose)
+    assert server.requests == []
+
+
+def test_malformed_messages_are_refused_before_any_request(server, make_llm):
+    with pytest.raises(ValueError, match=rf"{PROMPT} conversation 1: message 0 must be a dict with role"):
+        make_llm().chat_json_many(PROMPT, [MESSAGES, [{"role": "bot", "content": "x"}]], parse_subquestions)
+    assert server.requests == []
+
+
+def test_describe_is_the_metadata_without_the_key(make_llm, server):
+    assert make_llm(seed=5).describe() == {"backend": "openai", "model": "fake-model", "base_url": server.url,
+                                           "temperature": 0.0, "max_tokens": 1024, "seed": 5}
+
+
+def test_api_key_is_sent_but_never_logged_stored_or_shown(server, make_llm, cache_url, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    server.script(Reply.error(500), Reply.answer('["a"]'), Reply.error(401, f"Incorrect API key provided: {KEY}"))
+    llm = make_llm()
+    llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    with pytest.raises(LLMRequestError) as error:
+        llm.chat_json(PROMPT, [{"role": "user", "content": "another"}], parse_subquestions)
+    assert all(request.headers["Authorization"] == f"Bearer {KEY}" for request in server.requests)
+    assert "attempt 1/4 failed (HTTP 500" in caplog.text  # the retry was logged ...
+    assert KEY not in caplog.text  # ... without the key
+    assert KEY not in str(error.value) and "Incorrect API key provided: ***" in str(error.value)
+    assert KEY not in repr(llm) and KEY not in str(llm) and KEY not in json.dumps(llm.describe())
+    assert KEY not in repr(cache_rows(cache_url))
+    assert KEY.encode() not in (tmp_path / "cache" / "llm_cache.sqlite").read_bytes()
+
+
+def test_env_var_key_in_a_dagster_run(server, cache_url, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("COVLAB_LLM_API_KEY", KEY)
+    server.script(Reply.error(503), Reply.answer('["a", "b"]'))
+    seen = {}
+
+    @asset
+    def subquestions_probe(context, llm: LLMResource) -> list[str]:
+        seen["repr"] = repr(llm)
+        context.add_output_metadata(llm.describe())
+        return llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+
+    llm = LLMResource(backend="openai", base_url=server.url, model="fake-model", timeout_s=0.3,
+                      backoff_base_s=0.01, api_key=EnvVar("COVLAB_LLM_API_KEY"), cache_url=cache_url)
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([subquestions_probe], resources={"llm": llm}, instance=instance)
+        assert result.success
+        assert result.output_for_node("subquestions_probe") == ["a", "b"]
+        events = "\n".join(repr(entry) for entry in instance.all_logs(result.run_id))
+        run_config = repr(instance.get_run_by_id(result.run_id).run_config)
+    assert server.requests[-1].headers["Authorization"] == f"Bearer {KEY}"
+    assert "attempt 1/" in events  # the retry warning reached the run's event log ...
+    for text in (events, run_config, caplog.text, seen["repr"]):
+        assert KEY not in text  # ... and the key reached none of these
