@@ -1,0 +1,169 @@
+"""The MLflow tracking resource on a SQLite tracking store in a temporary folder: versions, tags, aliases,
+byte-identical downloads, no secret in anything logged, no mlflow global touched."""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from safetensors.numpy import save_file
+
+from covlab.resources.tracking import REDACTED, TrackingResource
+
+SECRET = "sk-covlab-test-5f2a9c0e1d7b"
+TAGS = {"dagster/run_id": "run-123", "dagster/asset_key": "coverage_estimator", "dagster/code_version": "4",
+        "dagster/input_data_version/qrels": "dv-1"}
+
+
+@pytest.fixture(scope="module")
+def mlflow_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mlflow-home")
+
+
+@pytest.fixture(scope="module")
+def tracking(mlflow_home) -> TrackingResource:
+    """One tracking store for the module (MLflow creates its tables once); each test uses its own model name."""
+    return TrackingResource(tracking_uri=f"sqlite:///{mlflow_home / 'mlflow' / 'mlflow.db'}",
+                            artifact_root=str(mlflow_home / "artifacts"))
+
+
+def weights_dir(folder: Path, seed: int) -> Path:
+    """A tiny stand-in for a save_pretrained folder: safetensors weights, a config and tokenizer files."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    save_file({"encoder.weight": rng.standard_normal((4, 3)).astype(np.float32)}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 3, "seed": seed}))
+    (folder / "tokenizer.json").write_text(json.dumps({"vocab": {"[PAD]": 0, "fen": 1}}))
+    (folder / "special_tokens_map.json").write_text("{}")
+    return folder
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_logged_version_is_registered_with_tags_and_candidate_alias(tracking, tmp_path):
+    name = "covlab.demo.coverage_estimator"
+    global_uris = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+    ref = tracking.log_model_version(name, weights_dir(tmp_path / "w", seed=1), params={"lr": 3e-5, "epochs": 2},
+                                     metrics={"val_loss": 0.25, "val_auc": 0.9}, tags=TAGS)
+    assert (ref.name, ref.version, ref.uri) == (name, 1, f"models:/{name}/1")
+    assert dict(ref.tags) == TAGS and ref.aliases == ("candidate",)
+    assert tracking.version_for_alias(name, "candidate") == ref
+    assert tracking.metric(ref, "val_loss") == 0.25
+    # What MLflow itself holds, read with a client of our own.
+    client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    version = client.get_model_version(name, "1")
+    assert version.tags == TAGS and version.run_id == ref.run_id and version.source == ref.source
+    assert client.get_model_version_by_alias(name, "candidate").version == 1
+    run = client.get_run(ref.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "3e-05", "epochs": "2"}
+    assert run.data.metrics == {"val_loss": 0.25, "val_auc": 0.9}
+    assert {k: run.data.tags[k] for k in TAGS} == TAGS
+    assert sorted(a.path for a in client.list_artifacts(ref.run_id, "weights")) == [
+        "weights/config.json", "weights/model.safetensors", "weights/special_tokens_map.json",
+        "weights/tokenizer.json"]
+    assert ref.source.startswith((Path(tracking.artifact_root).resolve().as_uri()))
+    assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == global_uris
+    assert mlflow.active_run() is None
+
+
+def test_new_version_moves_candidate_and_champion_stays(tracking, tmp_path):
+    name = "covlab.demo.lmvu_ranker"
+    first = tracking.log_model_version(name, weights_dir(tmp_path / "w1", seed=1), {}, {"val_loss": 0.5}, TAGS)
+    tracking.set_alias(name, "champion", first.version)
+    second = tracking.log_model_version(name, weights_dir(tmp_path / "w2", seed=2), {}, {"val_loss": 0.4},
+                                        {**TAGS, "dagster/run_id": "run-456"})
+    assert second.version == 2
+    assert tracking.version_for_alias(name, "candidate") == second
+    assert tracking.version_for_alias(name, "champion") == first
+    listed = tracking.versions(name)
+    assert [v.version for v in listed] == [1, 2]
+    assert [v.aliases for v in listed] == [("champion",), ("candidate",)]
+    assert [v.tags["dagster/run_id"] for v in listed] == ["run-123", "run-456"]
+    assert tracking.metric(listed[1], "val_loss") < tracking.metric(listed[0], "val_loss")
+    tracking.set_alias(name, "champion", second.version)
+    assert tracking.version_for_alias(name, "champion") == second
+    assert [v.aliases for v in tracking.versions(name)] == [(), ("candidate", "champion")]
+
+
+def test_download_gives_identical_bytes(tracking, tmp_path, monkeypatch):
+    name = "covlab.demo.mcompass_student"
+    source = weights_dir(tmp_path / "w", seed=3)
+    ref = tracking.log_model_version(name, source, {}, {}, TAGS)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    fresh = tracking.download(ref)
+    assert fresh.is_relative_to(tmp_path / "tmp") and files_of(fresh) == files_of(source)
+    target = tracking.download(ref, tmp_path / "copy" / "weights")
+    assert target == tmp_path / "copy" / "weights" and files_of(target) == files_of(source)
+    assert [p.name for p in (tmp_path / "copy").iterdir()] == ["weights"]  # no temporary left beside it
+    with pytest.raises(FileExistsError, match="not empty"):
+        tracking.download(ref, target)
+
+
+@pytest.mark.slow  # torch + transformers imports
+def test_downloaded_transformer_reloads_with_any_batch_size(tracking, tmp_path):
+    import torch
+    from transformers import AutoModel, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32, max_position_embeddings=32)).eval()
+    model.save_pretrained(tmp_path / "w")
+    ref = tracking.log_model_version("covlab.demo.coverage_biencoder", tmp_path / "w", {}, {}, TAGS)
+    reloaded = AutoModel.from_pretrained(tracking.download(ref, tmp_path / "dl")).eval()
+    ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+        assert torch.equal(reloaded(ids).last_hidden_state, expected)
+        for row in range(len(ids)):
+            assert torch.allclose(reloaded(ids[row:row + 1]).last_hidden_state[0], expected[row], atol=1e-6)
+
+
+def test_secrets_are_never_logged(tracking, mlflow_home, tmp_path, monkeypatch):
+    monkeypatch.setenv("COVLAB_LLM_API_KEY", SECRET)
+    name = "covlab.demo.secretive"
+    params = {"llm": {"api_key": SECRET, "model": "judge-1", "password": "hunter2"}, "note": f"key={SECRET}",
+              "lr": 0.1, "token_budget": 512, "tokenizer": {"pad_token": "[PAD]"}}
+    ref = tracking.log_model_version(name, weights_dir(tmp_path / "w", seed=4), params, {"val_loss": 0.3},
+                                     {**TAGS, "hf_token": "abc", "endpoint": f"https://x?key={SECRET}"})
+    client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    run = client.get_run(ref.run_id)
+    assert run.data.params == {"llm.api_key": REDACTED, "llm.model": "judge-1", "llm.password": REDACTED,
+                               "note": REDACTED, "lr": "0.1", "token_budget": "512", "tokenizer.pad_token": "[PAD]"}
+    assert run.data.tags["hf_token"] == REDACTED and run.data.tags["endpoint"] == REDACTED
+    assert ref.tags["endpoint"] == REDACTED and ref.tags["dagster/run_id"] == "run-123"
+    # Nowhere on disk: neither the tracking database nor any artifact.
+    for folder, _, names in os.walk(mlflow_home):
+        for file in names:
+            assert SECRET.encode() not in (Path(folder) / file).read_bytes(), Path(folder) / file
+
+
+def test_weights_holding_a_secret_are_refused(tracking, tmp_path, monkeypatch):
+    monkeypatch.setenv("COVLAB_LLM_API_KEY", SECRET)
+    folder = weights_dir(tmp_path / "w", seed=5)
+    (folder / "config.json").write_text(json.dumps({"api_base": "x", "key": SECRET}))
+    with pytest.raises(ValueError, match="contains the value of the environment variable COVLAB_LLM_API_KEY"):
+        tracking.log_model_version("covlab.demo.leaky", folder, {}, {}, TAGS)
+    assert tracking.versions("covlab.demo.leaky") == []
+
+
+def test_absent_models_aliases_and_metrics(tracking, tmp_path):
+    assert tracking.versions("covlab.absent") == []
+    assert tracking.version_for_alias("covlab.absent", "champion") is None
+    ref = tracking.log_model_version("covlab.demo.present", weights_dir(tmp_path / "w", seed=6), {},
+                                     {"val_loss": 0.1}, TAGS)
+    assert tracking.version_for_alias("covlab.demo.present", "champion") is None
+    with pytest.raises(KeyError, match=r"no metric 'ndcg'; logged: \['val_loss'\]"):
+        tracking.metric(ref, "ndcg")
+    with pytest.raises(FileNotFoundError, match="no files to log"):
+        tracking.log_model_version("covlab.demo.present", tmp_path / "missing", {}, {}, TAGS)
+    with pytest.raises(ValueError, match="metric 'val_loss' of covlab.demo.present: expected a number"):
+        tracking.log_model_version("covlab.demo.present", tmp_path / "w", {}, {"val_loss": "low"}, TAGS)
+    assert [v.version for v in tracking.versions("covlab.demo.present")] == [1]
