@@ -4,11 +4,14 @@
     covlab dataset add NAME --format F --path P    # register a dataset (a new partition)
     covlab dataset list
     covlab materialize --dataset NAME [--select KEY ...] [--config run_config.yaml]
+    covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget B] [--json]
+    covlab audit --value 0.702 [--tolerance 5e-4] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -73,10 +76,56 @@ def summarize(result, instance, seconds: float) -> str:
         lines.append(f"  {mat.asset_key.to_user_string():<28} [{mat.partition}] {detail}")
     for evaluation in result.get_asset_check_evaluations():
         lines.append(f"  check {evaluation.check_name:<30} {'passed' if evaluation.passed else 'FAILED'}")
+    built = {e.event_specific_data.materialization.asset_key.to_user_string()
+             for e in result.get_asset_materialization_events()}
+    skipped = sorted(k for k in ("answers", "answer_report") if k not in built)
+    if skipped:
+        lines.append(f"skipped (no LLM configured: set COVLAB_LLM_BACKEND=openai, COVLAB_LLM_BASE_URL, "
+                     f"COVLAB_LLM_MODEL): {', '.join(skipped)}")
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization
+        if "table1" in mat.metadata:
+            lines += [f"{mat.asset_key.to_user_string()} [{mat.partition}] (Table 1 layout):",
+                      mat.metadata["table1"].value]
     home = covlab_home()
-    lines += [f"stored under {home} (tables: storage/, indexes: artifacts/, Dagster instance: dagster/)",
-              "open the UI with `make ui` (http://127.0.0.1:3000), where these runs are listed"]
+    lines += [f"stored under {home}: tables in storage/, indexes, weights and report CSVs in artifacts/, the "
+              "Dagster instance in dagster/, MLflow in mlflow/, report figures in results/results.db",
+              "open the UI with `make ui` (http://127.0.0.1:3000) and MLflow with `make mlflow-ui` "
+              "(http://127.0.0.1:5000); trace a number with `.venv/bin/covlab audit --value <number>`"]
     return "\n".join(lines)
+
+
+def audit_command(args) -> int:
+    """Print the lineage tree of each report materialization behind the requested figure(s)."""
+    from covlab.orchestration.definitions import default_resources
+    from covlab.orchestration.lineage import audit_figures, render_json, render_text
+
+    results = default_resources()["results"]
+    if args.value is not None:
+        figures = results.find_value(args.value, args.tolerance)
+    elif args.dataset and args.method and args.metric:
+        figures = results.figures(dataset=args.dataset, method=args.method, metric=args.metric,
+                                  budget=args.budget, split=args.split, aggregate_only=True)
+        figures = figures.tail(1)  # the latest report's figure
+    else:
+        print("covlab audit: give --value, or --dataset, --method and --metric", file=sys.stderr)
+        return 2
+    if figures.empty:
+        print("covlab audit: no stored figure matches", file=sys.stderr)
+        return 1
+    audits = audit_figures(_instance(), figures)
+    if args.json:
+        print(json.dumps([{"figures": a["figures"], "lineage": json.loads(render_json([a["lineage"]]))[0]}
+                          for a in audits], indent=2, sort_keys=True, default=str))
+        return 0
+    for audit in audits:
+        for figure in audit["figures"]:
+            where = ", ".join(f"{k}={figure[k]}" for k in ("dataset", "method", "split", "metric", "budget", "k",
+                                                          "query_id") if figure.get(k) is not None)
+            print(f"{figure['value']:.6f}  {where}")
+        print(render_text([audit["lineage"]]))
+        print()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dataset", required=True)
     run.add_argument("--select", nargs="*", help="asset keys (default: all)")
     run.add_argument("--config", help="YAML run config (ops: <asset>: config: ...)")
+    audit = commands.add_parser("audit", help="the exact lineage of a reported number")
+    audit.add_argument("--dataset")
+    audit.add_argument("--method")
+    audit.add_argument("--metric")
+    audit.add_argument("--split", help="query split of the figure (default: any)")
+    audit.add_argument("--budget", type=int)
+    audit.add_argument("--value", type=float, help="find the stored figures equal to this number, audit each")
+    audit.add_argument("--tolerance", type=float, default=5e-4)
+    audit.add_argument("--json", action="store_true", help="machine-readable output")
     args = parser.parse_args(argv)
 
     from covlab.models.schemas import DatasetError
@@ -104,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "dataset" and args.action == "add":
             dataset_add(args.name, args.format, args.path)
+        elif args.command == "audit":
+            return audit_command(args)
         elif args.command == "dataset":
             for name, entry in _registry().entries().items():
                 print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}")

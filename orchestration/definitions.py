@@ -1,33 +1,63 @@
-"""The Dagster code location: every asset, check, job and resource of covlab."""
+"""The Dagster code location: every asset, check, job, schedule, sensor and resource of covlab."""
 
 from __future__ import annotations
 
-from dagster import AssetSelection, Definitions, define_asset_job
+import os
+from pathlib import Path
 
+from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
+
+from covlab.assets.answers import answer_report, answers
+from covlab.assets.coverage import (coverage_biencoder, coverage_estimator, coverage_judgments,
+                                    estimated_coverage_matrix, estimated_gold_coverage_matrix, pool_scores,
+                                    subquestions)
 from covlab.assets.ingest import dataset_tables
 from covlab.assets.partitions import DATASETS
 from covlab.assets.pools import bm25_index, bm25_pools
+from covlab.assets.report import coverage_report
+from covlab.assets.selections import SELECTION_ASSETS
+from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation
 from covlab.orchestration.settings import covlab_home
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.datasets import DatasetRegistry
+from covlab.resources.device import DeviceResource
+from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import LocalTableIOManager
+from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
+from covlab.resources.results_store import ResultsStore
+from covlab.resources.tracking import TrackingResource
 
-ASSETS = [dataset_tables, bm25_index, bm25_pools]
+ASSETS = [dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
+          coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
+          *SELECTION_ASSETS, coverage_report, answers, answer_report]
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
                              description="Every asset of one dataset partition (what `make demo` runs on demo).")
 
 
-def default_resources(home=None) -> dict:
-    """Embedded defaults: everything under COVLAB_HOME on the local filesystem."""
+def default_resources(home: Path | None = None) -> dict:
+    """Embedded defaults: SQLite and local folders under COVLAB_HOME. Each is a URL or path in config
+    (run config `resources:` or the Launchpad) that also takes PostgreSQL, a tracking server or object storage."""
     home = home or covlab_home()
     return {
         "datasets": DatasetRegistry(registry_path=str(home / "datasets.json")),
         "lucene": LuceneResource(log_dir=str(home / "logs")),
         "artifacts": ArtifactStore(root=str(home / "artifacts")),
         "io_manager": LocalTableIOManager(base_dir=str(home / "storage")),
+        "llm": LLMResource(cache_url=f"sqlite:///{home}/llm/cache.sqlite",
+                           backend=os.environ.get("COVLAB_LLM_BACKEND", "none"),
+                           base_url=os.environ.get("COVLAB_LLM_BASE_URL", "http://127.0.0.1:8000/v1"),
+                           model=os.environ.get("COVLAB_LLM_MODEL", ""),
+                           # read at run time, never stored in config; absent means no key is sent
+                           api_key=EnvVar("COVLAB_LLM_API_KEY") if os.environ.get("COVLAB_LLM_API_KEY") else None),
+        "device": DeviceResource(),
+        "tracking": TrackingResource(tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db",
+                                     artifact_root=str(home / "mlflow" / "artifacts")),
+        "results": ResultsStore(url=f"sqlite:///{home}/results/results.db"),
+        "evaluation": EvaluationResource(),
     }
 
 
-defs = Definitions(assets=ASSETS, jobs=[build_all], resources=default_resources())
+defs = Definitions(assets=ASSETS, jobs=[build_all], schedules=[nightly_reevaluation],
+                   sensors=[mlflow_candidate_sensor], resources=default_resources())

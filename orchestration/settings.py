@@ -8,6 +8,10 @@ from pathlib import Path
 DAGSTER_YAML = """\
 telemetry:
   enabled: false
+# GPU steps carry pool "gpu" (resources/device.py: gpu_step); one at a time unless raised here.
+concurrency:
+  pools:
+    default_limit: 1
 """
 
 

@@ -165,6 +165,13 @@ class TrackingResource(ConfigurableResource):
             os.replace(local, target)
         return target
 
+    def log_metric(self, ref: ModelVersionRef, key: str, value: float) -> None:
+        """Record a figure measured after training (e.g. the dev score an evaluation gave this version) on
+        the version's run, where `metric` finds it."""
+        if ref.run_id is None:
+            raise KeyError(f"{ref.uri} has no MLflow run to log {key!r} on")
+        self._client().log_metric(ref.run_id, key, float(value))
+
     def metric(self, ref: ModelVersionRef, key: str) -> float:
         """The last logged value of metric `key` of the run that produced `ref` (champion/candidate
         comparison); KeyError naming the logged metrics when it is absent."""

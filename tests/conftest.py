@@ -58,3 +58,10 @@ def demo_dataset():
     from covlab.resources.demo_dataset import build_demo_dataset
 
     return build_demo_dataset()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tiny_bert import save_tiny_bert
+
+    return Path(save_tiny_bert(tmp_path_factory.mktemp("tiny-bert")))

@@ -1,0 +1,261 @@
+"""Decompose, Estimate, Select (METHODS.md §1): subquestions, judged coverage, the trained estimator and
+coverage bi-encoder, pool scores and estimated coverage matrices."""
+
+import tempfile
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from dagster import AssetExecutionContext, AssetIn, Config, MetadataValue, Output, asset
+from pydantic import Field
+
+from covlab.assets.model_registry import load_registered_model, register_trained_model
+from covlab.assets.partitions import DATASETS
+from covlab.models import prompts
+from covlab.models.biencoder import (coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
+                                     save_biencoder, train_coverage_biencoder)
+from covlab.models.coverage import (POOL_SCORES, document_texts, estimate_coverage, gold_judgments,
+                                    labelled_pairs, pool_pairs, queries_of, rated_judgments, training_pairs)
+from covlab.models.cross_encoder import load_cross_encoder, save_cross_encoder, score_pairs, train_cross_encoder
+from covlab.models.encoders import default_base_model
+from covlab.models.subquestions import gold_subquestions, grounded_subquestions
+from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.device import DeviceResource, gpu_step
+from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.llm import LLMResource
+from covlab.resources.tracking import TrackingResource
+
+GROUP = "coverage"
+
+
+class SubquestionConfig(Config):
+    mode: Literal["llm", "gold", "grounded"] = Field(
+        "grounded", description="llm: an LLM decomposes each query; gold: the dataset's nuggets (the "
+                                "gold-nugget bound); grounded: offline heuristic, representative pool sentences")
+    n: int = Field(10, description="subquestions per query (llm, grounded)")
+    pool_depth: int = Field(20, description="grounded: pool documents whose sentences are clustered")
+    base_model: str = Field("", description="grounded: sentence encoder (HF path or name; empty: packaged MiniLM)")
+    seed: int = Field(0, description="grounded: k-means seed")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.DECOMPOSE_VERSION}")
+def subquestions(context: AssetExecutionContext, config: SubquestionConfig, queries: pd.DataFrame,
+                 nuggets: pd.DataFrame, bm25_pools: pd.DataFrame, corpus: pd.DataFrame, llm: LLMResource,
+                 device: DeviceResource) -> Output[pd.DataFrame]:
+    """About ten subquestions per query (query_id, subq_id, text): the facets an answer should cover."""
+    metadata = {"config": MetadataValue.json(config.model_dump())}
+    if config.mode == "gold":
+        table = gold_subquestions(nuggets)
+    elif config.mode == "llm":
+        llm.require("subquestions (without an LLM: subquestions mode 'gold' or 'grounded')")
+        answers = llm.chat_json_many(prompts.DECOMPOSE_VERSION, [prompts.decompose(t, config.n)
+                                                                  for t in queries["text"]],
+                                     prompts.parse_subquestions)
+        table = pd.DataFrame([{"query_id": q, "subq_id": f"{q}/s{i}", "text": s}
+                              for q, subqs in zip(queries["query_id"], answers) for i, s in enumerate(subqs)])
+        metadata.update(llm=MetadataValue.json(llm.describe()), prompt_version=prompts.DECOMPOSE_VERSION)
+    else:
+        model, tokenizer, _ = load_biencoder(config.base_model or default_base_model(), device.torch_device())
+        texts = document_texts(corpus)
+        top = bm25_pools[bm25_pools["rank"] <= config.pool_depth].groupby("query_id")["doc_id"].apply(list)
+        table = pd.concat([grounded_subquestions(q, t, [texts[d] for d in top.get(q, [])],
+                                                 lambda xs: encode(model, tokenizer, xs, device=device.torch_device()),
+                                                 n=config.n, seed=config.seed)
+                           for q, t in zip(queries["query_id"], queries["text"])], ignore_index=True)
+    per_query = table.groupby("query_id").size()
+    return Output(table, metadata={**metadata, "subquestions": len(table), "queries": int(per_query.size),
+                                   "mean_per_query": float(per_query.mean()) if len(per_query) else 0.0})
+
+
+class JudgmentConfig(Config):
+    judge: Literal["gold", "llm"] = Field(
+        "gold", description="gold: the dataset's nugget links judge (pool document, nugget) pairs; llm: an LLM "
+                            "rates (pool document, subquestion) pairs 0-5, covered iff >= 4 (CRUX)")
+    splits: list[str] = Field(["train", "dev"], description="query splits to judge (training and early stopping)")
+    pool_depth: int = Field(100, description="pool documents judged per query")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.JUDGE_VERSION}")
+def coverage_judgments(context: AssetExecutionContext, config: JudgmentConfig, queries: pd.DataFrame,
+                       bm25_pools: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
+                       nugget_links: pd.DataFrame, corpus: pd.DataFrame, llm: LLMResource) -> Output[pd.DataFrame]:
+    """The judged coverage matrix of the training splits: (query_id, doc_id, subq_id, split, rating, covered).
+    Gold judgments judge the gold nuggets (subq_id = nugget_id), whatever the subquestions mode."""
+    judged_queries = queries_of(queries, config.splits)
+    metadata = {"config": MetadataValue.json(config.model_dump())}
+    if config.judge == "gold":
+        pairs = pool_pairs(bm25_pools, gold_subquestions(nuggets), judged_queries, config.pool_depth)
+        table = gold_judgments(pairs, nugget_links)
+    else:
+        llm.require("coverage_judgments (without an LLM: judge 'gold')")
+        pairs = pool_pairs(bm25_pools, subquestions, judged_queries, config.pool_depth)
+        texts, text_of_subq = document_texts(corpus), dict(zip(subquestions["subq_id"], subquestions["text"]))
+        ratings = llm.chat_json_many(prompts.JUDGE_VERSION, [prompts.judge(text_of_subq[s], texts[d]) for d, s in
+                                                             pairs[["doc_id", "subq_id"]].itertuples(index=False)],
+                                     prompts.parse_rating)
+        table = rated_judgments(pairs, ratings)
+        metadata.update(llm=MetadataValue.json(llm.describe()), prompt_version=prompts.JUDGE_VERSION)
+    by_split = table.groupby("split")["covered"].agg(["size", "mean"])
+    return Output(table, metadata={**metadata, "pairs": len(table),
+                                   "covered_share": MetadataValue.json(by_split["mean"].round(4).to_dict()),
+                                   "pairs_per_split": MetadataValue.json(by_split["size"].to_dict())})
+
+
+def _judged_subquestions(judgments: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame) -> pd.DataFrame:
+    """Texts of whatever the judgments judged: gold nuggets or the subquestions asset."""
+    return pd.concat([subquestions, gold_subquestions(nuggets)]).drop_duplicates("subq_id")
+
+
+class EstimatorConfig(Config):
+    base_model: str = Field("", description="HF model path or name to fine-tune (empty: packaged MiniLM; e.g. "
+                                            "answerdotai/ModernBERT-base on a machine that has it)")
+    max_length: int = Field(256, description="tokens per (subquestion, document) pair (1024 in the paper)")
+    epochs: int = Field(3, description="most epochs; early stopping on dev ROC-AUC")
+    patience: int = Field(1, description="epochs without dev improvement before stopping")
+    batch_size: int = Field(16, description="training batch size")
+    learning_rate: float = Field(2e-5, description="AdamW learning rate")
+    negatives_per_positive: float = Field(3.0, description="uncovered pairs sampled per covered pair (train)")
+    max_train_pairs: int | None = Field(None, description="cap on training pairs (None: all sampled pairs)")
+    seed: int = Field(0, description="seed for sampling, initialisation and shuffling")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, coverage_judgments: pd.DataFrame,
+                       subquestions: pd.DataFrame, nuggets: pd.DataFrame, corpus: pd.DataFrame,
+                       device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
+    """The coverage estimator: a cross-encoder fine-tuned on judged (subquestion, document) pairs, BCE,
+    early stopping on the dev split; registered in MLflow as covlab.<dataset>.coverage_estimator."""
+    context.log.info(device.describe())
+    texts, subqs = document_texts(corpus), _judged_subquestions(coverage_judgments, subquestions, nuggets)
+    train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed)
+    dev = training_pairs(coverage_judgments, subqs, texts, "dev", None, config.seed)
+    trained = train_cross_encoder(
+        config.base_model or default_base_model(), train, dev, max_length=config.max_length, epochs=config.epochs,
+        batch_size=config.batch_size, learning_rate=config.learning_rate, patience=config.patience,
+        seed=config.seed, device=device.torch_device(), max_train_pairs=config.max_train_pairs,
+        autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+    with tempfile.TemporaryDirectory() as work:
+        save_cross_encoder(trained, None, work)
+        model = register_trained_model(context, tracking, artifacts, "coverage_estimator", work,
+                                       params=config.model_dump(),
+                                       metrics={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
+                                                "train_pairs": len(train), "dev_pairs": len(dev)})
+    return Output(model, metadata={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
+                                   "history": MetadataValue.json(trained.history), "train_pairs": len(train),
+                                   "model_uri": model["uri"], "config": MetadataValue.json(config.model_dump())})
+
+
+class BiencoderConfig(Config):
+    base_model: str = Field("", description="relevance bi-encoder to start from (empty: packaged MiniLM)")
+    temperature: float = Field(0.02, description="InfoNCE temperature (CoveR)")
+    epochs: int = Field(1, description="training epochs")
+    batch_size: int = Field(8, description="groups per batch (in-batch negatives come from the other groups)")
+    learning_rate: float = Field(2e-5, description="AdamW learning rate")
+    max_length: int = Field(256, description="tokens per text")
+    states_per_query: int = Field(4, description="simulated covered states per training query")
+    max_negatives: int = Field(7, description="negatives per group")
+    seed: int = Field(0, description="seed for states, sampling and training")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, coverage_judgments: pd.DataFrame,
+                       queries: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
+                       corpus: pd.DataFrame, device: DeviceResource, tracking: TrackingResource,
+                       artifacts: ArtifactStore) -> Output[dict]:
+    """The relevance bi-encoder further trained with InfoNCE on anchors `query [COVERED] ...` (CoveR):
+    positives cover an uncovered subquestion, negatives are redundant or irrelevant documents."""
+    context.log.info(device.describe())
+    subqs = _judged_subquestions(coverage_judgments, subquestions, nuggets)
+    pairs = labelled_pairs(coverage_judgments[coverage_judgments["split"] == "train"], subqs, document_texts(corpus))
+    groups = coverage_groups_from_pairs(pairs, dict(zip(queries["query_id"], queries["text"])),
+                                        np.random.default_rng(config.seed), max_negatives=config.max_negatives,
+                                        states_per_query=config.states_per_query)
+    model, tokenizer, history = train_coverage_biencoder(
+        config.base_model or default_base_model(), groups, temperature=config.temperature, epochs=config.epochs,
+        batch_size=config.batch_size, learning_rate=config.learning_rate, max_length=config.max_length,
+        seed=config.seed, device=device.torch_device(), progress=context.log.info)
+    with tempfile.TemporaryDirectory() as work:
+        save_biencoder(model, tokenizer, work, max_length=config.max_length, history=history,
+                       settings=config.model_dump())
+        registered = register_trained_model(context, tracking, artifacts, "coverage_biencoder", work,
+                                            params=config.model_dump(),
+                                            metrics={"groups": len(groups), "final_loss": history[-1]["train_loss"]})
+    return Output(registered, metadata={"groups": len(groups), "history": MetadataValue.json(history),
+                                        "model_uri": registered["uri"], "config": MetadataValue.json(config.model_dump())})
+
+
+class ScoringConfig(Config):
+    relevance_model: str = Field("", description="the relevance bi-encoder (empty: packaged MiniLM)")
+    batch_size: int = Field(64, description="texts per encoder batch")
+    max_length: int = Field(256, description="tokens per text")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: pd.DataFrame,
+                bm25_pools: pd.DataFrame, corpus: pd.DataFrame, coverage_biencoder: dict,
+                evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
+                artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+    """Cosine of each evaluated pool document to its query under the relevance bi-encoder and under the
+    coverage-trained bi-encoder (anchor `query [COVERED] none`)."""
+    context.log.info(device.describe())
+    evaluated = queries_of(queries, evaluation.splits)
+    pool = bm25_pools.merge(evaluated[["query_id"]], on="query_id")
+    texts, torch_device = document_texts(corpus), device.torch_device()
+    scores = {}
+    for column, path, anchor in (("relevance", config.relevance_model or default_base_model(), lambda q: q),
+                                 ("coverage_trained", load_registered_model(coverage_biencoder, tracking, artifacts),
+                                  lambda q: coverage_anchor(q, []))):
+        model, tokenizer, _ = load_biencoder(path, torch_device)
+        query_vectors = encode(model, tokenizer, [anchor(t) for t in evaluated["text"]], batch_size=config.batch_size,
+                               max_length=config.max_length, device=torch_device)
+        doc_ids = sorted(set(pool["doc_id"]))
+        doc_vectors = encode(model, tokenizer, [texts[d] for d in doc_ids], batch_size=config.batch_size,
+                             max_length=config.max_length, device=torch_device)
+        row_of_query = {q: i for i, q in enumerate(evaluated["query_id"])}
+        row_of_doc = {d: i for i, d in enumerate(doc_ids)}
+        scores[column] = np.einsum("ij,ij->i", query_vectors[pool["query_id"].map(row_of_query).to_numpy()],
+                                   doc_vectors[pool["doc_id"].map(row_of_doc).to_numpy()])
+    table = POOL_SCORES.conform(pool[["query_id", "doc_id"]].assign(**scores))
+    return Output(table, metadata={"pairs": len(table), "queries": int(table["query_id"].nunique()),
+                                   "splits": MetadataValue.json(evaluation.splits),
+                                   "config": MetadataValue.json(config.model_dump())})
+
+
+class EstimationConfig(Config):
+    batch_size: int = Field(64, description="pairs per inference batch")
+
+
+def _estimated_matrix(context, config: EstimationConfig, pools: pd.DataFrame, subqs: pd.DataFrame,
+                      queries: pd.DataFrame, corpus: pd.DataFrame, estimator: dict, evaluation: EvaluationResource,
+                      device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output:
+    context.log.info(device.describe())
+    model, tokenizer, info = load_cross_encoder(load_registered_model(estimator, tracking, artifacts),
+                                                device.torch_device())
+    pairs = pool_pairs(pools, subqs, queries_of(queries, evaluation.splits)).drop(columns="split")
+    matrix = estimate_coverage(pairs, subqs, document_texts(corpus), lambda batch: score_pairs(
+        model, tokenizer, batch, batch_size=config.batch_size, max_length=info.get("max_length", 256),
+        device=device.torch_device(), autocast_dtype=device.autocast_dtype()))
+    return Output(matrix, metadata={"pairs": len(matrix), "model_uri": estimator["uri"],
+                                    "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
+                                    "config": MetadataValue.json(config.model_dump())})
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+def estimated_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig, bm25_pools: pd.DataFrame,
+                              subquestions: pd.DataFrame, queries: pd.DataFrame, corpus: pd.DataFrame,
+                              coverage_estimator: dict, evaluation: EvaluationResource, device: DeviceResource,
+                              tracking: TrackingResource, artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+    """Estimated coverage probability of every (pool document, subquestion) of the evaluated splits."""
+    return _estimated_matrix(context, config, bm25_pools, subquestions, queries, corpus, coverage_estimator,
+                             evaluation, device, tracking, artifacts)
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
+                                   bm25_pools: pd.DataFrame, nuggets: pd.DataFrame, queries: pd.DataFrame,
+                                   corpus: pd.DataFrame, coverage_estimator: dict, evaluation: EvaluationResource,
+                                   device: DeviceResource, tracking: TrackingResource,
+                                   artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+    """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix."""
+    return _estimated_matrix(context, config, bm25_pools, gold_subquestions(nuggets), queries, corpus,
+                             coverage_estimator, evaluation, device, tracking, artifacts)

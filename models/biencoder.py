@@ -1,0 +1,236 @@
+"""The relevance and coverage bi-encoders of Decompose, Estimate, Select (METHODS.md §1).
+
+The relevance bi-encoder is the untrained base (mean pooling, L2-normalised). The coverage bi-encoder
+starts from it and is trained with the CoveR objective: InfoNCE at temperature 0.02 where the anchor is
+the query plus a simulated covered state, `{query} [COVERED] {subq_a}; {subq_b}` or `[COVERED] none`
+[chosen], the positive a document covering at least one uncovered subquestion, and the negatives
+redundant documents (covering only covered subquestions), irrelevant ones (covering nothing) and every
+other group's documents in the batch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from covlab.models.encoders import (CPU, adamw, autocast, collate, length_sorted_batches, mean_pool, read_info,
+                                    save_model_directory, seeded, tokenize)
+
+COVERED_MARKER = "[COVERED]"
+NOTHING_COVERED = "none"
+SUBQUESTION_SEPARATOR = "; "
+
+
+def coverage_anchor(query: str, covered_subquestions: Sequence[str]) -> str:
+    """The anchor text for `query` in a covered state [chosen]: `{query} [COVERED] {a}; {b}` or `... none`."""
+    state = SUBQUESTION_SEPARATOR.join(covered_subquestions) if covered_subquestions else NOTHING_COVERED
+    return f"{query} {COVERED_MARKER} {state}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """One training group: an anchor (query + covered state), one positive and its own negatives.
+    Document fields are row indices into the query's covers matrix, with their texts alongside."""
+    query: str
+    covered: tuple[int, ...]  # subquestion indices of the simulated covered state
+    anchor: str
+    positive: int
+    negatives: tuple[int, ...]
+    positive_text: str
+    negative_texts: tuple[str, ...]
+
+
+def build_coverage_groups(query_text: str, subquestions: Sequence[str], covers: np.ndarray,
+                          doc_texts: Sequence[str], rng: np.random.Generator, max_negatives: int = 7,
+                          states_per_query: int = 4) -> list[Group]:
+    """Groups for one query from its (n_docs, n_subq) boolean covers matrix (METHODS.md §1).
+
+    States: the empty state, then random non-empty subsets of the coverable subquestions that leave at
+    least one coverable subquestion uncovered (so a positive exists); duplicate states are dropped.
+    Per state: a random positive covering an uncovered subquestion; negatives drawn at random from the
+    redundant and irrelevant documents, with one redundant document always included when any exists."""
+    covers = np.asarray(covers, dtype=bool)
+    if covers.shape != (len(doc_texts), len(subquestions)):
+        raise ValueError(f"covers has shape {covers.shape}; expected (n_docs, n_subq) = "
+                         f"({len(doc_texts)}, {len(subquestions)})")
+    if max_negatives < 1 or states_per_query < 1:
+        raise ValueError(f"max_negatives ({max_negatives}) and states_per_query ({states_per_query}) must be >= 1")
+    coverable = np.flatnonzero(covers.any(axis=0))
+    if coverable.size == 0:
+        return []
+    states = [()]
+    for _ in range(states_per_query - 1):
+        if coverable.size < 2:
+            break
+        size = int(rng.integers(1, coverable.size))
+        state = tuple(sorted(int(j) for j in rng.choice(coverable, size=size, replace=False)))
+        if state not in states:
+            states.append(state)
+    covers_any = covers.any(axis=1)
+    groups = []
+    for state in states:
+        uncovered = np.setdiff1d(coverable, state)
+        adds = covers[:, uncovered].any(axis=1)
+        positives = np.flatnonzero(adds)
+        redundant = np.flatnonzero(covers_any & ~adds)
+        irrelevant = np.flatnonzero(~covers_any)
+        positive = int(rng.choice(positives))
+        negatives: list[int] = []
+        if redundant.size:
+            first = int(rng.choice(redundant))
+            negatives.append(first)
+            redundant = redundant[redundant != first]
+        rest = rng.permutation(np.concatenate([redundant, irrelevant]))
+        negatives += [int(d) for d in rest[:max_negatives - len(negatives)]]
+        groups.append(Group(query=query_text, covered=state,
+                            anchor=coverage_anchor(query_text, [subquestions[j] for j in state]),
+                            positive=positive, negatives=tuple(negatives), positive_text=doc_texts[positive],
+                            negative_texts=tuple(doc_texts[d] for d in negatives)))
+    return groups
+
+
+def coverage_groups_from_pairs(pairs: pd.DataFrame, query_texts: dict[str, str], rng: np.random.Generator,
+                               max_negatives: int = 7, states_per_query: int = 4) -> list[Group]:
+    """Groups for every query of a long coverage table (query_id, doc_id, nugget_id, subquestion, text,
+    label), e.g. `gold_coverage_pairs` or judged pairs with label [rating >= 4]; queries in id order."""
+    missing = [c for c in ("query_id", "doc_id", "nugget_id", "subquestion", "text", "label") if c not in pairs]
+    if missing:
+        raise ValueError(f"coverage pairs lack column(s) {missing}; expected query_id, doc_id, nugget_id, "
+                         "subquestion, text, label")
+    groups = []
+    for query_id, rows in pairs.groupby("query_id", sort=True):
+        if query_id not in query_texts:
+            raise ValueError(f"query {query_id!r} of the coverage pairs has no text in query_texts")
+        matrix = rows.pivot_table(index="doc_id", columns="nugget_id", values="label", aggfunc="max",
+                                  fill_value=0)
+        texts = rows.drop_duplicates("doc_id").set_index("doc_id")["text"]
+        subquestions = rows.drop_duplicates("nugget_id").set_index("nugget_id")["subquestion"]
+        groups += build_coverage_groups(query_texts[query_id], list(subquestions[matrix.columns]),
+                                        matrix.to_numpy() > 0, list(texts[matrix.index]), rng,
+                                        max_negatives=max_negatives, states_per_query=states_per_query)
+    return groups
+
+
+def info_nce(anchor: torch.Tensor, candidates: torch.Tensor, positive_index: torch.Tensor, temperature: float,
+             candidate_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean InfoNCE: -log softmax(anchor_i . candidates / temperature)[positive_index_i] over the rows.
+    `candidate_mask` (n_anchors, n_candidates), True = keep, removes candidates from a row's softmax."""
+    logits = anchor @ candidates.T / temperature
+    if candidate_mask is not None:
+        logits = logits.masked_fill(~candidate_mask, float("-inf"))
+    return torch.nn.functional.cross_entropy(logits, positive_index)
+
+
+def _embed(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    hidden = model(**batch).last_hidden_state
+    return torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]).float(), dim=-1)
+
+
+@torch.inference_mode()
+def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_length: int = 256,
+           device: torch.device = CPU, autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+    """Unit-length mean-pooled embeddings (n_texts, hidden) in input order; texts tokenized once,
+    length-sorted, dynamically padded (as score_pairs)."""
+    model.eval()
+    tokenized = tokenize(tokenizer, texts, None, max_length)
+    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
+    with autocast(device, autocast_dtype):
+        for batch in length_sorted_batches(tokenized.lengths, batch_size):
+            out[batch] = _embed(model, collate(tokenized, batch, device)).cpu().numpy()
+    return out
+
+
+def _batch_loss(model, tokenizer, groups: Sequence[Group], temperature: float, max_length: int,
+                device: torch.device) -> torch.Tensor:
+    """InfoNCE of one batch of groups: candidates are all groups' documents; a group's anchor does not see
+    the documents of other groups of the same query (they may be its positives: no false negatives)."""
+    docs = [text for g in groups for text in (g.positive_text, *g.negative_texts)]
+    owner = torch.tensor([i for i, g in enumerate(groups) for _ in range(1 + len(g.negatives))])
+    starts = torch.tensor([0] + [1 + len(g.negatives) for g in groups[:-1]]).cumsum(0)
+    anchors = tokenize(tokenizer, [g.anchor for g in groups], None, max_length)
+    candidates = tokenize(tokenizer, docs, None, max_length)
+    anchor_vectors = _embed(model, collate(anchors, range(len(groups)), device))
+    doc_vectors = _embed(model, collate(candidates, range(len(docs)), device))
+    query_ids = {query: i for i, query in enumerate(dict.fromkeys(g.query for g in groups))}
+    query_of = torch.tensor([query_ids[g.query] for g in groups])
+    same_query_other_group = (query_of[:, None] == query_of[owner][None, :]) & \
+                             (torch.arange(len(groups))[:, None] != owner[None, :])
+    return info_nce(anchor_vectors, doc_vectors, starts.to(device), temperature,
+                    (~same_query_other_group).to(device))
+
+
+def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temperature: float = 0.02,
+                             epochs: int = 1, batch_size: int = 8, learning_rate: float = 2e-5,
+                             weight_decay: float = 0.01, warmup_ratio: float = 0.1, max_grad_norm: float = 1.0,
+                             max_length: int = 256, seed: int = 0, device: torch.device = CPU,
+                             autocast_dtype: torch.dtype | None = None,
+                             progress: Callable[[str], None] | None = None):
+    """(model, tokenizer, history): `base_model` (the relevance bi-encoder) fine-tuned with InfoNCE over
+    [positive, group negatives, the other groups' documents in the batch] at `temperature`; AdamW with
+    linear warmup and decay; history has one {epoch, train_loss} per epoch. Bit-identical on CPU per seed."""
+    from transformers import AutoModel, AutoTokenizer, get_linear_schedule_with_warmup
+
+    if not groups:
+        raise ValueError("no training groups; expected at least one (query, positive, negatives) group")
+    log = progress or (lambda message: None)
+    history = []
+    with seeded(seed, device) as shuffle:
+        tokenizer = AutoTokenizer.from_pretrained(base_model)
+        model = AutoModel.from_pretrained(base_model).to(device)
+        steps_per_epoch = math.ceil(len(groups) / batch_size)
+        optimizer = adamw(model, learning_rate, weight_decay)
+        schedule = get_linear_schedule_with_warmup(optimizer, int(warmup_ratio * epochs * steps_per_epoch),
+                                                   epochs * steps_per_epoch)
+        scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype == torch.float16)
+        for epoch in range(1, epochs + 1):
+            model.train()
+            losses = []
+            for batch in torch.randperm(len(groups), generator=shuffle).split(batch_size):
+                with autocast(device, autocast_dtype):
+                    loss = _batch_loss(model, tokenizer, [groups[i] for i in batch], temperature, max_length, device)
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.item())
+            history.append({"epoch": epoch, "train_loss": float(np.mean(losses))})
+            log(f"coverage bi-encoder epoch {epoch}/{epochs}: InfoNCE {history[-1]['train_loss']:.4f}")
+    model.eval()
+    return model, tokenizer, history
+
+
+@torch.inference_mode()
+def groups_loss(model, tokenizer, groups: Sequence[Group], *, temperature: float = 0.02, batch_size: int = 8,
+                max_length: int = 256, device: torch.device = CPU) -> float:
+    """Mean InfoNCE of `groups` in their given order and batching, without training (a held-out check)."""
+    model.eval()
+    losses = [_batch_loss(model, tokenizer, groups[start:start + batch_size], temperature, max_length, device)
+              for start in range(0, len(groups), batch_size)]
+    return float(torch.stack(losses).mean())
+
+
+def save_biencoder(model, tokenizer, directory: str | os.PathLike, *, max_length: int = 256,
+                   history: Sequence[dict] = (), settings: dict | None = None) -> Path:
+    """Save weights (safetensors), tokenizer and covlab.json (max_length, training history and settings)."""
+    info = {"kind": "biencoder", "max_length": max_length,
+            "training": {"history": list(history), **(settings or {})}}
+    return save_model_directory(model, tokenizer, directory, info)
+
+
+def load_biencoder(path_or_name: str | os.PathLike, device: torch.device = CPU):
+    """(model in eval mode on `device`, tokenizer, info) from a saved coverage bi-encoder, or from any
+    Hugging Face encoder path or name, untrained: the relevance bi-encoder (info {})."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(str(path_or_name)).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(str(path_or_name)), read_info(path_or_name)

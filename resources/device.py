@@ -1,0 +1,64 @@
+"""The compute device for training, cross-encoder scoring and embedding (DESIGN.md: CUDA when present,
+CPU otherwise, said in the log). torch is imported lazily."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+if TYPE_CHECKING:
+    import torch
+
+
+class DeviceResource(ConfigurableResource):
+    """Which torch device the heavy steps run on, and the mixed-precision dtype that suits it."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: CUDA when a GPU is visible, else CPU; cpu or cuda force one (cuda fails "
+                            "when no GPU is visible)")
+
+    def torch_device(self) -> "torch.device":
+        import torch
+
+        if self.device == "cpu":
+            return torch.device("cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if self.device == "cuda":
+            raise RuntimeError("DeviceResource: device='cuda' but torch sees no CUDA device "
+                               f"(torch {torch.__version__}); use device='auto' or 'cpu'")
+        return torch.device("cpu")
+
+    def describe(self) -> str:
+        """What was picked and why, for the run log."""
+        import torch
+
+        picked = self.torch_device()
+        if picked.type == "cuda":
+            reason = "forced by config" if self.device == "cuda" else "auto: CUDA is available"
+            name = torch.cuda.get_device_name(picked)
+            return (f"cuda ({name}, {torch.cuda.device_count()} visible; {reason}; "
+                    f"autocast {self.autocast_dtype()})")
+        reason = "forced by config" if self.device == "cpu" else f"auto: no CUDA device (torch {torch.__version__})"
+        return f"cpu ({torch.get_num_threads()} threads; {reason}; no autocast)"
+
+    def autocast_dtype(self) -> "torch.dtype | None":
+        """bfloat16 on a CUDA device that supports it, else float16 on CUDA; None (full precision) on CPU."""
+        import torch
+
+        if self.torch_device().type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+GPU_POOL = "gpu"
+
+
+def gpu_step() -> dict:
+    """Keyword arguments that mark an asset as a GPU step, all together: the `gpu` concurrency pool
+    (limited in dagster.yaml), the `covlab/device` tag routing it to GPU workers, and the Kubernetes GPU
+    request that dagster-k8s reads. Use as `@asset(..., **gpu_step())`."""
+    return {"pool": GPU_POOL, "op_tags": {"covlab/device": "gpu", "dagster-k8s/config": {
+        "container_config": {"resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}}}}

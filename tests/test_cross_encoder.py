@@ -1,0 +1,160 @@
+"""The coverage estimator (METHODS.md §1): training determinism and early stopping, that it learns the demo
+facts and ArgKP key-point matching, score_pairs' ordering and batching, save/load, and agreement with
+sentence-transformers' CrossEncoder."""
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from conftest import shared_dataset
+from covlab.models.cross_encoder import (covered, gold_coverage_pairs, load_cross_encoder, save_cross_encoder,
+                                         score_pairs, train_cross_encoder)
+from covlab.models.encoders import default_base_model
+from covlab.resources.datasets import read_dataset
+from tiny_bert import save_tiny_bert
+
+TINY_TRAINING = {"max_length": 64, "epochs": 2, "batch_size": 16, "learning_rate": 1e-4, "patience": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="module")
+def demo_pairs(demo_dataset) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return gold_coverage_pairs(demo_dataset, "train"), gold_coverage_pairs(demo_dataset, "dev")
+
+
+@pytest.fixture(scope="module")
+def small_pairs(demo_pairs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    train, dev = demo_pairs
+    return train.sample(n=240, random_state=0), dev.sample(n=120, random_state=0)
+
+
+@pytest.fixture(scope="module")
+def trained_tiny(tiny_model, small_pairs):
+    return train_cross_encoder(tiny_model, *small_pairs, **TINY_TRAINING)
+
+
+def _state_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_gold_coverage_pairs_label_exactly_the_links(demo_dataset, demo_pairs):
+    train, _ = demo_pairs
+    links = set(demo_dataset.nugget_links[["query_id", "doc_id", "nugget_id"]].itertuples(index=False))
+    assert (train["label"] == [int(t in links) for t in
+                               train[["query_id", "doc_id", "nugget_id"]].itertuples(index=False)]).all()
+    train_queries = demo_dataset.queries.loc[demo_dataset.queries["split"] == "train", "query_id"]
+    nuggets = demo_dataset.nuggets.groupby("query_id").size()
+    docs = demo_dataset.candidates.groupby("query_id").size()
+    assert len(train) == sum(nuggets[q] * docs[q] for q in train_queries)  # every nugget x every candidate
+    text = dict(zip(demo_dataset.corpus["doc_id"], demo_dataset.corpus["text"]))
+    assert (train["text"] == train["doc_id"].map(text)).all()  # demo titles are empty: text alone
+
+
+def test_same_seed_same_weights_other_seed_other_weights(tiny_model, small_pairs, trained_tiny):
+    again = train_cross_encoder(tiny_model, *small_pairs, **TINY_TRAINING)
+    assert _state_equal(trained_tiny.model, again.model)
+    assert again.history == trained_tiny.history
+    other = train_cross_encoder(tiny_model, *small_pairs, **TINY_TRAINING, seed=1)
+    assert not _state_equal(trained_tiny.model, other.model)
+
+
+def test_keeps_the_best_epoch_and_stops_after_patience(tiny_model, small_pairs):
+    train, dev = small_pairs
+    trained = train_cross_encoder(tiny_model, train, dev, **{**TINY_TRAINING, "epochs": 4, "patience": 1})
+    aucs = [h["dev_auc"] for h in trained.history]
+    assert trained.dev_auc == max(aucs) and aucs[trained.best_epoch - 1] == trained.dev_auc
+    # stops at the first epoch that does not improve on the best so far (patience 1), or runs them all
+    first_drop = next((i for i in range(1, len(aucs)) if aucs[i] <= max(aucs[:i])), None)
+    assert len(aucs) == (first_drop + 1 if first_drop is not None else 4)
+    # the returned weights are the best epoch's: they reproduce its dev AUC
+    probs = score_pairs(trained.model, trained.tokenizer, list(zip(dev["subquestion"], dev["text"])), max_length=64)
+    assert roc_auc_score(dev["label"], probs) == pytest.approx(trained.dev_auc, abs=1e-6)
+
+
+def test_rejects_malformed_pairs(tiny_model, small_pairs):
+    train, dev = small_pairs
+    with pytest.raises(ValueError, match=r"lack column\(s\) \['label'\]"):
+        train_cross_encoder(tiny_model, train.drop(columns="label"), dev)
+    with pytest.raises(ValueError, match="has label 2; expected 0 or 1"):
+        train_cross_encoder(tiny_model, train.assign(label=2), dev)
+    with pytest.raises(ValueError, match="ROC-AUC needs both 0 and 1"):
+        train_cross_encoder(tiny_model, train, dev[dev["label"] == 0])
+
+
+@pytest.mark.slow
+def test_minilm_learns_the_demo_facts(demo_pairs):
+    """A real cross-encoder learns which demo document states which nugget (the facts are lexical). To stay
+    near 40 s on 2 cores: 200 positive + 200 negative train pairs, one epoch, 150 dev pairs."""
+    train, dev = demo_pairs
+    balanced = pd.concat([train[train["label"] == 1].sample(n=200, random_state=0),
+                          train[train["label"] == 0].sample(n=200, random_state=0)])
+    started = time.perf_counter()
+    trained = train_cross_encoder(default_base_model(), balanced, dev.sample(n=150, random_state=0),
+                                  max_length=128, epochs=1, batch_size=8, learning_rate=1e-4)
+    print(f"MiniLM on demo: dev ROC-AUC {trained.dev_auc:.3f} in {time.perf_counter() - started:.0f} s")
+    assert trained.dev_auc >= 0.75
+
+
+@pytest.mark.slow
+def test_minilm_learns_argkp_key_point_matching():
+    """ArgKP (argument, key point) pairs: 3000 train pairs, one epoch, max_length 96, dev AUC >= 0.70."""
+    dataset = read_dataset("argkp", "argkp2021", str(shared_dataset("argkp2021")))
+    train, dev = gold_coverage_pairs(dataset, "train"), gold_coverage_pairs(dataset, "dev")
+    started = time.perf_counter()
+    trained = train_cross_encoder(default_base_model(), train, dev, max_length=96, epochs=1, batch_size=16,
+                                  learning_rate=5e-5, max_train_pairs=3000)
+    elapsed = time.perf_counter() - started
+    print(f"MiniLM on ArgKP: dev ROC-AUC {trained.dev_auc:.3f} over {len(dev)} dev pairs in {elapsed:.0f} s")
+    assert trained.dev_auc >= 0.70
+
+
+def test_score_pairs_restores_input_order(trained_tiny, small_pairs):
+    _, dev = small_pairs
+    pairs = list(zip(dev["subquestion"], dev["text"]))
+    probs = score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64, batch_size=16)
+    assert probs.dtype == np.float32 and probs.shape == (len(pairs),) and ((probs > 0) & (probs < 1)).all()
+    assert np.unique(probs.round(6)).size > len(pairs) // 2  # scores differ, so order is observable
+    permutation = np.random.default_rng(0).permutation(len(pairs))
+    shuffled = score_pairs(trained_tiny.model, trained_tiny.tokenizer, [pairs[i] for i in permutation],
+                           max_length=64, batch_size=16)
+    np.testing.assert_allclose(shuffled, probs[permutation], atol=1e-6)
+
+
+def test_scores_do_not_depend_on_batch_size(trained_tiny, small_pairs):
+    _, dev = small_pairs
+    pairs = list(zip(dev["subquestion"], dev["text"]))
+    one = score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64, batch_size=1)
+    for batch_size in (7, 64):
+        np.testing.assert_allclose(score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64,
+                                               batch_size=batch_size), one, atol=1e-5)
+    assert score_pairs(trained_tiny.model, trained_tiny.tokenizer, []).shape == (0,)
+
+
+def test_save_load_round_trip_and_sentence_transformers_agree(trained_tiny, small_pairs, tmp_path):
+    from sentence_transformers import CrossEncoder
+
+    _, dev = small_pairs
+    pairs = list(zip(dev["subquestion"], dev["text"]))
+    saved = save_cross_encoder(trained_tiny, None, tmp_path / "estimator")
+    assert (saved / "model.safetensors").is_file()
+    model, tokenizer, info = load_cross_encoder(saved)
+    assert info["max_length"] == 64 and info["training"]["best_epoch"] == trained_tiny.best_epoch
+    assert info["training"]["history"] == trained_tiny.history
+    before = score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64)
+    np.testing.assert_array_equal(score_pairs(model, tokenizer, pairs, max_length=64), before)
+    reference = CrossEncoder(str(saved), max_length=64, device="cpu").predict(pairs, batch_size=16)
+    np.testing.assert_allclose(reference, before, atol=1e-5)
+    save_cross_encoder(trained_tiny, None, saved)  # overwriting leaves one complete directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["estimator"]
+
+
+def test_covered_thresholds_at_tau():
+    np.testing.assert_array_equal(covered(np.array([[0.1, 0.3], [0.29, 0.9]]), 0.3), [[False, True], [False, True]])

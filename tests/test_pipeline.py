@@ -1,0 +1,213 @@
+"""The coverage pipeline end to end on demo with a tiny encoder: selections, the report, the results
+store, MLflow versions, champion promotion, the lineage audit and the nightly re-evaluation."""
+
+import json
+
+import pandas as pd
+import pytest
+from dagster import AssetKey, Definitions
+
+from covlab.orchestration.automation import evaluation_selection
+from covlab.orchestration.cli import materialize
+from covlab.orchestration.definitions import ASSETS, default_resources
+from covlab.orchestration.lineage import audit_figures, audit_materialization, render_json, render_text
+
+PIPELINE = [a for a in ASSETS if not {k.to_user_string() for k in a.keys} & {"answers", "answer_report"}]
+
+
+def tiny_config(model: str) -> dict:
+    """Every encoder replaced by the tiny model, one short epoch: the pipeline's wiring, not its accuracy."""
+    return {"ops": {
+        "subquestions": {"config": {"base_model": model}},
+        "coverage_estimator": {"config": {"base_model": model, "epochs": 1, "max_length": 96,
+                                          "negatives_per_positive": 1.0}},
+        "coverage_biencoder": {"config": {"base_model": model, "max_length": 96}},
+        "pool_scores": {"config": {"relevance_model": model, "max_length": 96}},
+    }}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model_dir):
+    """One full materialization of the pipeline on demo, shared by the tests below (module scope)."""
+    import os
+
+    from dagster import DagsterInstance
+
+    from covlab.orchestration.settings import dagster_home
+
+    home = tmp_path_factory.mktemp("pipeline") / "home"
+    saved = {k: os.environ.get(k) for k in ("COVLAB_HOME", "DAGSTER_HOME")}
+    os.environ["COVLAB_HOME"], os.environ["DAGSTER_HOME"] = str(home), str(home / "dagster")
+    dagster_home()
+    instance = DagsterInstance.get()
+    config = tiny_config(str(tiny_model_dir))
+    result = materialize("demo", None, config, instance)
+    yield {"home": home, "instance": instance, "result": result, "config": config}
+    instance.dispose()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def _stored(home, key: str) -> pd.DataFrame:
+    return pd.read_parquet(home / "storage" / key / "demo.parquet")
+
+
+@pytest.mark.slow
+def test_every_selection_has_k_documents_from_the_pool(built):
+    home = built["home"]
+    pools = _stored(home, "bm25_pools")
+    pool_pairs = set(map(tuple, pools[["query_id", "doc_id"]].values))
+    queries = _stored(home, "queries")
+    evaluated = set(queries.loc[queries["split"].isin(["dev", "test"]), "query_id"])
+    for name in ("bm25", "relevance", "relevance_coverage_trained", "coverage_greedy", "coverage_greedy_soft",
+                 "gold_nugget_bound", "oracle_greedy"):
+        selection = _stored(home, f"selection_{name}")
+        assert set(selection["query_id"]) == evaluated, name
+        assert (selection.groupby("query_id").size() == 10).all(), name
+        assert set(map(tuple, selection[["query_id", "doc_id"]].values)) <= pool_pairs, name
+        assert not selection.duplicated(["query_id", "doc_id"]).any(), name
+
+
+@pytest.mark.slow
+def test_oracle_greedy_strecall_is_never_beaten(built):
+    report = _stored(built["home"], "coverage_report")
+    strecall = report[report["metric"] == "strecall@10"].pivot_table(index="query_id", columns="method",
+                                                                     values="value")
+    for method in strecall.columns:
+        assert (strecall["oracle_greedy"] >= strecall[method] - 1e-12).all(), method
+    # on demo every nugget is reachable within 10 documents: the oracle covers everything
+    assert (strecall["oracle_greedy"] == 1.0).all()
+
+
+@pytest.mark.slow
+def test_report_metadata_results_store_and_registered_models(built):
+    instance, home = built["instance"], built["home"]
+    event = instance.get_latest_materialization_event(AssetKey("coverage_report")).asset_materialization
+    table1 = event.metadata["table1"].value
+    for row in ("relevance", "+ coverage training", "+ estimator and greedy", "gold nuggets", "oracle greedy"):
+        assert row in table1
+    assert "dataset_tables" not in event.metadata["lineage"].value  # keys, not op names
+    assert "corpus [demo]" in event.metadata["lineage"].value
+    resources = default_resources(home)
+    stored = resources["results"].figures(dataset="demo", metric="alpha_ndcg@10", split="test", aggregate_only=True)
+    assert set(stored["method"]) >= {"relevance", "coverage_greedy", "oracle_greedy"}
+    report = _stored(home, "coverage_report")
+    mean = report[(report["method"] == "oracle_greedy") & (report["split"] == "test")
+                  & (report["metric"] == "alpha_ndcg@10")]["value"].mean()
+    assert stored.loc[stored["method"] == "oracle_greedy", "value"].iloc[0] == pytest.approx(mean)
+    tracking = resources["tracking"]
+    for selector in ("coverage_estimator", "coverage_biencoder"):
+        versions = tracking.versions(f"covlab.demo.{selector}")
+        assert len(versions) == 1
+        tags = versions[0].tags
+        assert tags["dagster.asset_key"] == selector and tags["dagster.partition"] == "demo"
+        assert tags["dagster.run_id"] == built["result"].run_id
+        assert "input_data_version.coverage_judgments" in tags
+        assert set(versions[0].aliases) == {"candidate", "champion"}  # first version: promoted
+    checks = {e.check_name: e.passed for e in built["result"].get_asset_check_evaluations()}
+    assert checks["coverage_estimator_champion"] and checks["coverage_biencoder_champion"]
+
+
+@pytest.mark.slow
+def test_nightly_reruns_only_the_report_when_nothing_changed_then_only_a_changed_selector(built):
+    instance = built["instance"]
+    graph = Definitions(assets=ASSETS, resources=default_resources(built["home"])).resolve_asset_graph()
+    assert evaluation_selection(instance, graph, "demo") == [AssetKey("coverage_report")]
+    from covlab.assets.selections import METHODS, selection_asset
+
+    changed = [a for a in ASSETS if AssetKey("selection_oracle_greedy") not in a.keys]
+    changed.append(selection_asset(next(m for m in METHODS if m.name == "oracle_greedy"), code_version="2"))
+    graph = Definitions(assets=changed, resources=default_resources(built["home"])).resolve_asset_graph()
+    assert evaluation_selection(instance, graph, "demo") == [AssetKey("coverage_report"),
+                                                             AssetKey("selection_oracle_greedy")]
+
+
+@pytest.mark.slow
+def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(built):
+    instance, home = built["instance"], built["home"]
+    report = audit_materialization(instance, AssetKey("coverage_report"), "demo")
+    text = render_text([report])
+    for key in ("coverage_report", "selection_coverage_greedy", "estimated_coverage_matrix", "coverage_estimator",
+                "coverage_judgments", "bm25_pools", "bm25_index", "corpus", "nugget_links"):
+        assert f"{key} [demo]" in text, key
+    assert "source_files" in text and "model_uri" in text and "STALE" not in text and "GAP" not in text
+    first_json = render_json([report])
+    assert render_json([audit_materialization(instance, AssetKey("coverage_report"), "demo")]) == first_json
+
+    old_subquestions = instance.fetch_materializations(AssetKey("subquestions"), limit=1).records[0].storage_id
+    config = built["config"]
+    config["ops"]["subquestions"]["config"]["n"] = 4
+    materialize("demo", ["subquestions"], {"ops": {"subquestions": config["ops"]["subquestions"]}}, instance)
+    again = audit_materialization(instance, AssetKey("coverage_report"), "demo")
+    tree = json.loads(render_json([again]))[0]
+
+    def find(node, key):
+        if node["asset_key"] == key:
+            return node
+        for child in node["inputs"]:
+            hit = find(child, key)
+            if hit:
+                return hit
+
+    node = find(tree, "subquestions")
+    assert node["storage_id"] == old_subquestions  # the version the report read, not the latest
+    assert node["shaped_by"]["config"]["n"] == 10
+    assert node["stale"] and "rematerialized since" in node["stale"]
+    # --value finds the stored figure and audits the report that produced it
+    figure = default_resources(home)["results"].figures(dataset="demo", method="oracle_greedy",
+                                                        metric="alpha_ndcg@10", split="test", aggregate_only=True)
+    audits = audit_figures(instance, default_resources(home)["results"].find_value(float(figure["value"].iloc[0]), 1e-9))
+    assert any(a["lineage"].asset_key == "coverage_report" for a in audits)
+
+
+def _fake_llm(body: dict):
+    """Scripted answers by prompt kind: 3 subquestions, ratings, answers, covered nuggets."""
+    from fake_llm_server import Reply
+
+    prompt = body["messages"][-1]["content"]
+    if prompt.startswith("Break the question"):
+        return Reply.answer(json.dumps(["Where do visitors stay?", "How do visitors get there?", "What to eat?"]))
+    if prompt.rstrip().endswith("Rating:"):
+        context = prompt.split("Context:")[1]
+        return Reply.answer("5" if len(context) % 2 else "1")  # a deterministic mix of ratings
+    if "Facts:" in prompt:  # answer coverage: claim the first fact
+        ids = [json.loads(line.split("id ", 1)[1].split(":", 1)[0]) for line in prompt.splitlines()
+               if line.startswith("- id ")]
+        return Reply.answer(json.dumps(ids[:1]))
+    return Reply.answer("Visitors stay in the quarter. They take the tram. They eat stew.")
+
+
+@pytest.mark.slow
+def test_llm_products_against_a_local_openai_compatible_server(built, monkeypatch):
+    """subquestions (llm), coverage_judgments (llm), answers and answer_report through the real HTTP path;
+    a second run is served from the cache. Runs last: it rematerializes upstream assets."""
+    from fake_llm_server import FakeLLMServer
+
+    instance = built["instance"]
+    with FakeLLMServer(_fake_llm) as server:
+        monkeypatch.setenv("COVLAB_LLM_BACKEND", "openai")
+        monkeypatch.setenv("COVLAB_LLM_BASE_URL", server.url)
+        monkeypatch.setenv("COVLAB_LLM_MODEL", "fake-model")
+        config = {"ops": {"subquestions": {"config": {"mode": "llm", "n": 3}},
+                          "coverage_judgments": {"config": {"judge": "llm", "pool_depth": 3}}}}
+        result = materialize("demo", ["subquestions", "coverage_judgments", "answers", "answer_report"], config, instance)
+        assert result.success
+        asked = len(server.requests)
+        queries = _stored(built["home"], "queries")
+        judged_queries = int(queries["split"].isin(["train", "dev"]).sum())
+        assert asked >= len(queries) + judged_queries * 3 * 3
+        subquestions = _stored(built["home"], "subquestions")
+        assert (subquestions.groupby("query_id").size() == 3).all()
+        judgments = _stored(built["home"], "coverage_judgments")
+        assert judgments["covered"].equals(judgments["rating"] >= 4)
+        assert judgments["covered"].any() and not judgments["covered"].all()
+        answers = _stored(built["home"], "answers")
+        assert set(answers.columns) == {"query_id", "answer", "feedback_answer"}
+        event = instance.get_latest_materialization_event(AssetKey("subquestions")).asset_materialization
+        assert event.metadata["llm"].value["model"] == "fake-model"
+        assert event.metadata["prompt_version"].value == "decompose-1"
+        materialize("demo", ["subquestions", "coverage_judgments", "answers", "answer_report"], config, instance)
+        assert len(server.requests) == asked  # every answer came from the cache

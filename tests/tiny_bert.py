@@ -1,0 +1,23 @@
+"""A tiny BERT (2 layers, hidden 32) with the packaged MiniLM tokenizer: training steps take seconds.
+
+Weights are drawn with a wide initializer range (0.5 instead of BERT's 0.02) so that even untrained its
+outputs, and a fresh head's scores, vary clearly with the input."""
+
+from pathlib import Path
+
+TINY_BERT = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+             "initializer_range": 0.5}
+
+
+def save_tiny_bert(directory: Path, seed: int = 0) -> str:
+    """A randomly initialised tiny BertModel saved with the MiniLM tokenizer; returns its path."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from covlab.models.encoders import default_base_model
+
+    tokenizer = AutoTokenizer.from_pretrained(default_base_model())
+    torch.manual_seed(seed)
+    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return str(directory)
