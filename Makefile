@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 COVLAB_HOME ?= $(CURDIR)/.covlab
 UI_PORT ?= 3000
+MLFLOW_PORT ?= 5000
 export COVLAB_HOME
 export DAGSTER_HOME ?= $(COVLAB_HOME)/dagster
 export HF_HUB_OFFLINE = 1
@@ -11,7 +12,7 @@ export TOKENIZERS_PARALLELISM = false
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.covlab-installed
 
-.PHONY: demo test ui install bench
+.PHONY: demo test ui mlflow-ui install bench
 
 demo: $(STAMP)  ## install if needed, then materialize every asset on the embedded demo dataset
 	$(BIN)/covlab demo
@@ -23,8 +24,14 @@ ui: $(STAMP)  ## the Dagster UI on 127.0.0.1:$(UI_PORT), on the same instance as
 	$(BIN)/python -c "from covlab.orchestration.settings import dagster_home; dagster_home()"
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
+mlflow-ui: $(STAMP)  ## the MLflow UI on 127.0.0.1:$(MLFLOW_PORT): registered selector versions and their tags
+	mkdir -p $(COVLAB_HOME)/mlflow
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(COVLAB_HOME)/mlflow/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT) --workers 1
+
 bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to bench/results/)
 	$(BIN)/python bench/bm25_pools.py
+	$(BIN)/python bench/coverage_matrix.py
+	$(BIN)/python bench/audit.py
 
 install: $(STAMP)
 

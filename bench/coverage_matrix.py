@@ -1,9 +1,14 @@
 """Coverage-matrix scoring throughput: covlab's `score_pairs` against sentence-transformers'
 `CrossEncoder.predict`, on the same model weights and the same (subquestion, document) pairs, in one process.
 
-Both sides get the same max_length and thread count. Each batch size is timed for both sides, runs
-alternating (ours, theirs, ours, ...) so that load from other processes hits both alike; the table shows
-every batch size, the comparison at the same batch size, and each side at its own best batch size.
+Both sides get the same max_length and the same threads (torch's count, --threads). Three paths are timed
+at each batch size, runs interleaved so that load from other processes hits all alike:
+- covlab: score_pairs as callers run it: pairs tokenized once, sorted by token length, dynamic padding,
+  inference_mode, and on CPU one stream per thread, each scoring whole batches with one intra-op thread;
+- covlab, one stream: the same, but one batch at a time across all threads (sentence-transformers' way),
+  to show how much of the difference the streams make;
+- sentence-transformers: CrossEncoder.predict (inference_mode, character-length sort, dynamic padding).
+The table shows the comparison at the same batch size and each path at its own best batch size.
 Throughput is also put against the machine's measured float32 matmul rate: a pair costs about
 2 x (parameters of the matmul layers) x (its real tokens) FLOPs (embedding lookups do no matmul work;
 the attention-score products, under 2% at these lengths, are left out), so the fraction says how close a
@@ -103,29 +108,35 @@ def main() -> None:
         model, tokenizer, _ = load_cross_encoder(saved)
         reference = CrossEncoder(str(saved), max_length=args.max_length, device="cpu")
 
-    def ours(batch_size: int) -> np.ndarray:
+    def covlab(batch_size: int) -> np.ndarray:
         return score_pairs(model, tokenizer, pairs, batch_size=batch_size, max_length=args.max_length)
 
-    def theirs(batch_size: int) -> np.ndarray:
+    def covlab_one_stream(batch_size: int) -> np.ndarray:
+        return score_pairs(model, tokenizer, pairs, batch_size=batch_size, max_length=args.max_length, streams=1)
+
+    def sentence_transformers(batch_size: int) -> np.ndarray:
         return reference.predict(pairs, batch_size=batch_size, show_progress_bar=False)
 
-    disagreement = float(np.abs(ours(args.same_batch_size) - theirs(args.same_batch_size)).max())  # also warms up
-    rates: dict[str, dict[int, float]] = {"covlab": {}, "sentence_transformers": {}}
+    paths = {"covlab": covlab, "covlab_one_stream": covlab_one_stream,
+             "sentence_transformers": sentence_transformers}
+    same = args.same_batch_size
+    reference_scores = sentence_transformers(same)  # also warms every path up
+    disagreement = max(float(np.abs(path(same) - reference_scores).max()) for path in paths.values())
+    rates: dict[str, dict[int, float]] = {name: {} for name in paths}
     for batch_size in batch_sizes:
-        times: dict[str, list[float]] = {"covlab": [], "sentence_transformers": []}
+        times: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.repeats):
-            times["covlab"].append(_seconds(lambda: ours(batch_size)))
-            times["sentence_transformers"].append(_seconds(lambda: theirs(batch_size)))
-        for side, seconds in times.items():
-            rates[side][batch_size] = len(pairs) / statistics.median(seconds)
-        print(f"batch {batch_size:>4}: covlab {rates['covlab'][batch_size]:7.1f} pairs/s, sentence-transformers "
-              f"{rates['sentence_transformers'][batch_size]:7.1f} pairs/s", flush=True)
+            for name, path in paths.items():
+                times[name].append(_seconds(lambda: path(batch_size)))
+        for name, seconds in times.items():
+            rates[name][batch_size] = len(pairs) / statistics.median(seconds)
+        print(f"batch {batch_size:>4}: " + ", ".join(f"{name} {rates[name][batch_size]:.1f}" for name in paths)
+              + " pairs/s", flush=True)
 
     peak = matmul_gflops(args.matmul_size, repeats=5)
     tokens = tokenize(tokenizer, [p[0] for p in pairs], [p[1] for p in pairs], args.max_length).lengths
     flops_per_pair = 2 * matmul_parameters(model) * float(tokens.mean())
     best = {side: max(r, key=r.get) for side, r in rates.items()}
-    same = args.same_batch_size
 
     def row(side: str, batch_size: int) -> dict:
         rate = rates[side][batch_size]
@@ -144,17 +155,19 @@ def main() -> None:
         "all_batch_sizes": {side: {str(b): r for b, r in rates[side].items()} for side in rates},
         "ratio_same_batch_size": rates["covlab"][same] / rates["sentence_transformers"][same],
         "ratio_each_at_best": rates["covlab"][best["covlab"]] / rates["sentence_transformers"][best["sentence_transformers"]],
+        "ratio_one_stream_same_batch_size": rates["covlab_one_stream"][same] / rates["sentence_transformers"][same],
     }
     print(f"\n{dataset}: {len(pairs)} pairs, {tokens.mean():.1f} tokens/pair, max_length {args.max_length}, "
           f"{args.threads} threads; matmul {peak:.1f} GFLOP/s; model {flops_per_pair / 1e9:.3f} GFLOP/pair; "
           f"scores agree to {disagreement:.1e}")
-    print(f"{'path':<24}{'batch':>6}{'pairs/s':>10}{'GFLOP/s':>10}{'of matmul':>11}")
-    for label, rows in (("same batch size", result["same_batch_size"]), ("each at best", result["each_at_best"])):
+    print(f"{'path':<24}{'batch':>14}{'pairs/s':>10}{'GFLOP/s':>10}{'of matmul':>11}")
+    for label, rows in (("same", result["same_batch_size"]), ("its best", result["each_at_best"])):
         for side, r in rows.items():
-            print(f"{side + ' (' + label + ')':<40}"[:24] + f"{r['batch_size']:>6}{r['pairs_per_s']:>10.1f}"
-                  f"{r['gflop_per_s']:>10.1f}{r['fraction_of_matmul']:>10.0%}")
+            print(f"{side:<24}{label + ' ' + str(r['batch_size']):>14}{r['pairs_per_s']:>10.1f}"
+                  f"{r['gflop_per_s']:>10.1f}{r['fraction_of_matmul']:>11.0%}")
     print(f"ratio covlab / sentence-transformers: {result['ratio_same_batch_size']:.2f}x at batch {same}, "
-          f"{result['ratio_each_at_best']:.2f}x each at its best")
+          f"{result['ratio_each_at_best']:.2f}x each at its best; one-stream covlab: "
+          f"{result['ratio_one_stream_same_batch_size']:.2f}x at batch {same}")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2))
     print(f"written {args.output}", file=sys.stderr)

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from covlab.models.encoders import (CPU, adamw, autocast, collate, length_sorted_batches, mean_pool, read_info,
-                                    save_model_directory, seeded, tokenize)
+                                    run_batches, save_model_directory, seeded, tokenize)
 
 COVERED_MARKER = "[COVERED]"
 NOTHING_COVERED = "none"
@@ -133,17 +133,22 @@ def _embed(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]).float(), dim=-1)
 
 
-@torch.inference_mode()
 def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_length: int = 256,
-           device: torch.device = CPU, autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+           device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
+           streams: int | None = None) -> np.ndarray:
     """Unit-length mean-pooled embeddings (n_texts, hidden) in input order; texts tokenized once,
-    length-sorted, dynamically padded (as score_pairs)."""
+    length-sorted, dynamically padded and run as score_pairs runs them."""
+    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
+    if not texts:
+        return out
     model.eval()
     tokenized = tokenize(tokenizer, texts, None, max_length)
-    out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
-    with autocast(device, autocast_dtype):
-        for batch in length_sorted_batches(tokenized.lengths, batch_size):
+
+    def embed(batch: np.ndarray) -> None:
+        with torch.inference_mode(), autocast(device, autocast_dtype):
             out[batch] = _embed(model, collate(tokenized, batch, device)).cpu().numpy()
+
+    run_batches(length_sorted_batches(tokenized.lengths, batch_size), embed, device, streams)
     return out
 
 

@@ -21,7 +21,7 @@ from sklearn.metrics import roc_auc_score
 
 from covlab.models.dataset import Dataset
 from covlab.models.encoders import (CPU, adamw, autocast, collate, length_sorted_batches, read_info,
-                                    save_model_directory, seeded, tokenize)
+                                    run_batches, save_model_directory, seeded, tokenize)
 
 PAIR_COLUMNS = ("subquestion", "text", "label")
 
@@ -147,24 +147,27 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     return trained
 
 
-@torch.inference_mode()
 def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
-                max_length: int = 256, device: torch.device = CPU,
-                autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+                max_length: int = 256, device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
+                streams: int | None = None) -> np.ndarray:
     """Coverage probabilities sigmoid(logit) of (subquestion, document) pairs, in input order.
 
     All pairs are tokenized in one call, sorted by token length and batched with dynamic padding, so a
-    batch costs what its own texts cost; autocast applies where `autocast_dtype` is given (CUDA)."""
+    batch costs what its own texts cost; under inference_mode, with autocast where `autocast_dtype` is
+    given (CUDA). On CPU, `streams` threads score whole batches side by side (encoders.run_batches)."""
     if not pairs:
         return np.zeros(0, dtype=np.float32)
     firsts, seconds = zip(*pairs)
     tokenized = tokenize(tokenizer, firsts, seconds, max_length)
     probs = np.empty(len(pairs), dtype=np.float32)
     model.eval()
-    with autocast(device, autocast_dtype):
-        for batch in length_sorted_batches(tokenized.lengths, batch_size):
+
+    def score(batch: np.ndarray) -> None:
+        with torch.inference_mode(), autocast(device, autocast_dtype):
             logits = model(**collate(tokenized, batch, device)).logits[:, 0]
             probs[batch] = torch.sigmoid(logits.float()).cpu().numpy()
+
+    run_batches(length_sorted_batches(tokenized.lengths, batch_size), score, device, streams)
     return probs
 
 

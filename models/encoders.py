@@ -12,7 +12,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,23 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarr
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     order = np.argsort(-lengths, kind="stable")
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def run_batches(batches: Sequence[np.ndarray], work: Callable[[np.ndarray], None], device: torch.device,
+                streams: int | None = None) -> None:
+    """Call `work` on every batch. On CPU, `streams` worker threads (default: torch's thread count) each
+    take whole batches with one intra-op thread: parallelism across batches instead of splitting every
+    small op across the cores, which costs a barrier per op and stalls whenever another process holds a
+    core (bench/coverage_matrix.py measures it). inference_mode and autocast are thread-local: `work`
+    enters them itself. On CUDA the batches run in order."""
+    streams = 1 if device.type != "cpu" else (streams or torch.get_num_threads())
+    if streams == 1 or len(batches) == 1:
+        for batch in batches:
+            work(batch)
+        return
+    with ThreadPoolExecutor(streams, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        for _ in pool.map(work, batches):  # re-raises the first error of a batch
+            pass
 
 
 def collate(tokenized: Tokenized, indices: Sequence[int] | np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:

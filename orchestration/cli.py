@@ -19,6 +19,15 @@ from pathlib import Path
 import yaml
 
 
+# `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
+# candidate pool instead of the BM25 top-100, one estimator epoch on a 1:1 sample of the judged pairs.
+DEMO_CONFIG = {"ops": {
+    "bm25_pools": {"config": {"mode": "given"}},
+    "coverage_estimator": {"config": {"epochs": 1, "negatives_per_positive": 1.0, "max_length": 128}},
+    "coverage_biencoder": {"config": {"max_length": 128}},
+}}
+
+
 def _instance():
     from dagster import DagsterInstance
 
@@ -61,8 +70,9 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
     if not instance.has_dynamic_partition(DATASETS.name, dataset):
         instance.add_dynamic_partitions(DATASETS.name, [dataset])
     selection = [AssetKey.from_user_string(s) for s in select] if select else None
+    run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}}, **(config or {})}
     return dagster_materialize(ASSETS, instance=instance, partition_key=dataset, resources=default_resources(),
-                               selection=selection, run_config=config or {}, raise_on_error=raise_on_error)
+                               selection=selection, run_config=run_config, raise_on_error=raise_on_error)
 
 
 def summarize(result, instance, seconds: float) -> str:
@@ -72,7 +82,9 @@ def summarize(result, instance, seconds: float) -> str:
     for event in result.get_asset_materialization_events():
         mat = event.event_specific_data.materialization
         meta = mat.metadata
-        detail = ", ".join(f"{k}={meta[k].value}" for k in ("rows", "pairs", "documents", "queries") if k in meta)
+        detail = ", ".join(f"{k}={meta[k].value:.4g}" if isinstance(meta[k].value, float) else f"{k}={meta[k].value}"
+                           for k in ("rows", "pairs", "documents", "queries", "subquestions", "train_pairs",
+                                     "dev_auc", "groups", "model_uri") if k in meta)
         lines.append(f"  {mat.asset_key.to_user_string():<28} [{mat.partition}] {detail}")
     for evaluation in result.get_asset_check_evaluations():
         lines.append(f"  check {evaluation.check_name:<30} {'passed' if evaluation.passed else 'FAILED'}")
@@ -170,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             dataset = "demo" if args.command == "demo" else args.dataset
             config = yaml.safe_load(Path(args.config).read_text()) if getattr(args, "config", None) else None
+            if args.command == "demo":
+                config = DEMO_CONFIG
             instance = _instance()
             start = time.perf_counter()
             result = materialize(dataset, getattr(args, "select", None), config, instance)

@@ -127,7 +127,7 @@ def test_training_lowers_the_loss_on_the_demo_groups(tiny_model, demo_groups, tr
     model, tokenizer, history = trained
     after = groups_loss(model, tokenizer, demo_groups, max_length=64)
     assert [h["epoch"] for h in history] == [1, 2]
-    assert after < 0.8 * before
+    assert after < 0.9 * before
 
 
 def test_same_seed_same_weights_other_seed_other_weights(tiny_model, demo_groups, trained):

@@ -1,5 +1,6 @@
 """What a user runs: `make demo` from the README, `make ui`, and `dg check defs`."""
 
+import contextlib
 import json
 import os
 import signal
@@ -20,18 +21,61 @@ def _env(covlab_home: Path) -> dict:
     return env
 
 
-@pytest.mark.slow
-def test_make_demo_builds_every_asset_and_prints_the_summary(tmp_path):
-    home = tmp_path / "home"
-    done = subprocess.run(["make", "demo"], cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=900)
+@pytest.fixture(scope="module")
+def demo_home(tmp_path_factory):
+    """`make demo` exactly as the README says, into a fresh COVLAB_HOME; its output for the tests below."""
+    home = tmp_path_factory.mktemp("demo") / "home"
+    done = subprocess.run(["make", "demo"], cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    out = done.stdout
+    return home, done.stdout
+
+
+@pytest.mark.slow
+def test_make_demo_builds_every_asset_and_prints_the_summary(demo_home):
+    home, out = demo_home
     assert "succeeded" in out and "make ui" in out
-    for key in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates", "bm25_index", "bm25_pools"):
+    for key in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates", "bm25_index", "bm25_pools",
+                "subquestions", "coverage_judgments", "coverage_estimator", "coverage_biencoder", "pool_scores",
+                "estimated_coverage_matrix", "selection_coverage_greedy", "selection_oracle_greedy", "coverage_report"):
         assert f"  {key} " in out, key
     assert "FAILED" not in out
-    assert (home / "storage" / "bm25_pools" / "demo.parquet").exists()
+    assert "skipped (no LLM configured" in out and "answers" in out
+    for row in ("relevance", "+ coverage training", "+ estimator and greedy", "gold nuggets", "oracle greedy"):
+        assert row in out, row
+    assert (home / "storage" / "coverage_report" / "demo.parquet").exists()
     assert (home / "dagster" / "dagster.yaml").read_text().count("enabled: false") == 1
+
+
+@pytest.mark.slow
+def test_audit_of_a_demo_figure_reaches_the_data(demo_home):
+    import pandas as pd
+
+    home, _ = demo_home
+    report = pd.read_parquet(home / "storage" / "coverage_report" / "demo.parquet")
+    rows = report[(report["method"] == "coverage_greedy") & (report["split"] == "test")
+                  & (report["metric"] == "alpha_ndcg@10")]
+    value = f"{rows['value'].mean():.6f}"
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "covlab"), "audit", "--value", value, "--tolerance", "1e-6"],
+                          cwd=ROOT, env={**_env(home), "DAGSTER_HOME": str(home / "dagster")}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "method=coverage_greedy" in done.stdout
+    for key in ("coverage_report [demo]", "selection_coverage_greedy [demo]", "coverage_estimator [demo]",
+                "corpus [demo]", "source_files", "model_uri"):
+        assert key in done.stdout, key
+
+
+@pytest.mark.slow
+def test_make_mlflow_ui_lists_the_registered_versions_with_tags(demo_home):
+    home, _ = demo_home
+    port = _free_port()
+    with _serving(["make", "mlflow-ui", f"MLFLOW_PORT={port}"], _env(home)) as server:
+        body = _wait_for_json(server, f"http://127.0.0.1:{port}/api/2.0/mlflow/model-versions/search?max_results=100",
+                              None)
+    versions = {v["name"]: v for v in body["model_versions"]}
+    assert {"covlab.demo.coverage_estimator", "covlab.demo.coverage_biencoder"} <= set(versions)
+    tags = {t["key"]: t["value"] for t in versions["covlab.demo.coverage_estimator"]["tags"]}
+    assert tags["dagster.asset_key"] == "coverage_estimator" and tags["dagster.partition"] == "demo"
 
 
 def _free_port() -> int:
@@ -40,27 +84,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_make_ui_serves_the_asset_graph_on_loopback(tmp_path):
-    port = _free_port()
-    server = subprocess.Popen(["env", "--default-signal=INT,TERM", "make", "ui", f"UI_PORT={port}"], cwd=ROOT,
-                              env=_env(tmp_path / "home"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+@contextlib.contextmanager
+def _serving(command: list[str], env: dict):
+    """A `make` target that serves until stopped, in its own process group (ENVIRONMENT.md: the signals)."""
+    server = subprocess.Popen(["env", "--default-signal=INT,TERM", *command], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        query = json.dumps({"query": "{ assetNodes { assetKey { path } } }"}).encode()
-        deadline, nodes = time.monotonic() + 180, None
-        while time.monotonic() < deadline and nodes is None:
-            assert server.poll() is None, server.stdout.read().decode()[-3000:]
-            try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=query,
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=5) as response:
-                    nodes = json.load(response)["data"]["assetNodes"]
-            except OSError:
-                time.sleep(1)
-        assert nodes is not None, "the Dagster UI did not answer within 180 s"
-        keys = {"/".join(n["assetKey"]["path"]) for n in nodes}
-        assert {"corpus", "bm25_index", "bm25_pools"} <= keys
+        yield server
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -68,6 +98,30 @@ def test_make_ui_serves_the_asset_graph_on_loopback(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+
+
+def _wait_for_json(server, url: str, payload: dict | None, seconds: float = 180):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert server.poll() is None, server.stdout.read().decode()[-3000:]
+        try:
+            data = json.dumps(payload).encode() if payload is not None else None
+            request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return json.load(response)
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"{url} did not answer within {seconds} s")
+
+
+@pytest.mark.slow
+def test_make_ui_serves_the_asset_graph_on_loopback(tmp_path):
+    port = _free_port()
+    with _serving(["make", "ui", f"UI_PORT={port}"], _env(tmp_path / "home")) as server:
+        body = _wait_for_json(server, f"http://127.0.0.1:{port}/graphql",
+                              {"query": "{ assetNodes { assetKey { path } } }"})
+    keys = {"/".join(n["assetKey"]["path"]) for n in body["data"]["assetNodes"]}
+    assert {"corpus", "bm25_index", "bm25_pools", "coverage_estimator", "coverage_report"} <= keys
 
 
 def test_dg_check_defs_loads_the_code_location(tmp_path):
