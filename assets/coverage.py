@@ -114,7 +114,9 @@ class EstimatorConfig(Config):
     patience: int = Field(1, description="epochs without dev improvement before stopping")
     batch_size: int = Field(16, description="training batch size")
     learning_rate: float = Field(2e-5, description="AdamW learning rate")
-    negatives_per_positive: float = Field(3.0, description="uncovered pairs sampled per covered pair (train)")
+    negatives_per_positive: float | None = Field(
+        3.0, description="uncovered pairs sampled per covered pair (train; None: all). Fewer negatives than the "
+                         "judged share inflate p and so what tau counts as covered")
     max_train_pairs: int | None = Field(None, description="cap on training pairs (None: all sampled pairs)")
     seed: int = Field(0, description="seed for sampling, initialisation and shuffling")
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from covlab.models.encoders import (CPU, adamw, autocast, collate, length_sorted_batches, mean_pool, read_info,
+from covlab.models.encoders import (CPU, OptimizerSteps, autocast, collate, length_sorted_batches, mean_pool, read_info,
                                     run_batches, save_model_directory, seeded, tokenize)
 
 COVERED_MARKER = "[COVERED]"
@@ -180,7 +180,7 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
     """(model, tokenizer, history): `base_model` (the relevance bi-encoder) fine-tuned with InfoNCE over
     [positive, group negatives, the other groups' documents in the batch] at `temperature`; AdamW with
     linear warmup and decay; history has one {epoch, train_loss} per epoch. Bit-identical on CPU per seed."""
-    from transformers import AutoModel, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import AutoModel, AutoTokenizer
 
     if not groups:
         raise ValueError("no training groups; expected at least one (query, positive, negatives) group")
@@ -189,25 +189,16 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
     with seeded(seed, device) as shuffle:
         tokenizer = AutoTokenizer.from_pretrained(base_model)
         model = AutoModel.from_pretrained(base_model).to(device)
-        steps_per_epoch = math.ceil(len(groups) / batch_size)
-        optimizer = adamw(model, learning_rate, weight_decay)
-        schedule = get_linear_schedule_with_warmup(optimizer, int(warmup_ratio * epochs * steps_per_epoch),
-                                                   epochs * steps_per_epoch)
-        scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype == torch.float16)
+        steps = OptimizerSteps(model, learning_rate=learning_rate, weight_decay=weight_decay,
+                               warmup_ratio=warmup_ratio, total_steps=epochs * math.ceil(len(groups) / batch_size),
+                               max_grad_norm=max_grad_norm, device=device, autocast_dtype=autocast_dtype)
         for epoch in range(1, epochs + 1):
             model.train()
             losses = []
             for batch in torch.randperm(len(groups), generator=shuffle).split(batch_size):
                 with autocast(device, autocast_dtype):
                     loss = _batch_loss(model, tokenizer, [groups[i] for i in batch], temperature, max_length, device)
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                schedule.step()
-                optimizer.zero_grad(set_to_none=True)
-                losses.append(loss.item())
+                losses.append(steps.step(loss))
             history.append({"epoch": epoch, "train_loss": float(np.mean(losses))})
             log(f"coverage bi-encoder epoch {epoch}/{epochs}: InfoNCE {history[-1]['train_loss']:.4f}")
     model.eval()

@@ -20,7 +20,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from covlab.models.dataset import Dataset
-from covlab.models.encoders import (CPU, adamw, autocast, collate, length_sorted_batches, read_info,
+from covlab.models.encoders import (CPU, OptimizerSteps, autocast, collate, length_sorted_batches, read_info,
                                     run_batches, save_model_directory, seeded, tokenize)
 
 PAIR_COLUMNS = ("subquestion", "text", "label")
@@ -85,7 +85,7 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     warmup over `warmup_ratio` of the planned steps, then linear decay. After each epoch the dev pairs
     are scored; training stops once dev ROC-AUC has not improved for `patience` epochs and the best
     epoch's weights are kept. `max_train_pairs` subsamples the training pairs (seeded)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     train, dev = _checked_pairs(train, "train"), _checked_pairs(dev, "dev")
     if dev["label"].nunique() < 2:
@@ -103,13 +103,11 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
         tokenized = tokenize(tokenizer, train["subquestion"], train["text"], max_length)
         labels = torch.tensor(train["label"].to_numpy(), dtype=torch.float32)
         dev_pairs = list(zip(dev["subquestion"], dev["text"]))
-        steps_per_epoch = math.ceil(len(train) / batch_size)
-        optimizer = adamw(model, learning_rate, weight_decay)
-        schedule = get_linear_schedule_with_warmup(optimizer, int(warmup_ratio * epochs * steps_per_epoch),
-                                                   epochs * steps_per_epoch)
+        steps = OptimizerSteps(model, learning_rate=learning_rate, weight_decay=weight_decay,
+                               warmup_ratio=warmup_ratio, total_steps=epochs * math.ceil(len(train) / batch_size),
+                               max_grad_norm=max_grad_norm, device=device, autocast_dtype=autocast_dtype)
         loss_fn = torch.nn.BCEWithLogitsLoss(
             pos_weight=None if pos_weight is None else torch.tensor([pos_weight], device=device))
-        scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype == torch.float16)
         trained = TrainedCrossEncoder(model, tokenizer, max_length=max_length, settings=settings,
                                       dev_auc=-math.inf)
         best_state, stale = None, 0
@@ -119,15 +117,7 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
             for batch in torch.randperm(len(train), generator=shuffle).split(batch_size):
                 with autocast(device, autocast_dtype):
                     logits = model(**collate(tokenized, batch.numpy(), device)).logits[:, 0]
-                loss = loss_fn(logits.float(), labels[batch].to(device))
-                scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-                scaler.step(optimizer)
-                scaler.update()
-                schedule.step()
-                optimizer.zero_grad(set_to_none=True)
-                total += loss.item() * len(batch)
+                total += steps.step(loss_fn(logits.float(), labels[batch].to(device))) * len(batch)
             model.eval()
             probs = score_pairs(model, tokenizer, dev_pairs, batch_size=eval_batch_size, max_length=max_length,
                                 device=device, autocast_dtype=autocast_dtype)

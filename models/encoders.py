@@ -120,12 +120,35 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
 
 
-def adamw(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases and LayerNorm weights), the usual BERT recipe."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW([{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-                              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-                             lr=learning_rate)
+class OptimizerSteps:
+    """The update shared by both trainers: AdamW with weight decay on matrices only (not on biases and
+    LayerNorm weights, the usual BERT recipe), gradient-norm clipping, and a learning rate that warms up
+    linearly over `warmup_ratio` of `total_steps` and then decays linearly to zero. With float16 autocast
+    the loss is scaled against underflow (bfloat16 and full precision need no scaling)."""
+
+    def __init__(self, model: torch.nn.Module, *, learning_rate: float, weight_decay: float, warmup_ratio: float,
+                 total_steps: int, max_grad_norm: float, device: torch.device, autocast_dtype: torch.dtype | None):
+        from transformers import get_linear_schedule_with_warmup
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.params = params
+        self.optimizer = torch.optim.AdamW(
+            [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}], lr=learning_rate)
+        self.schedule = get_linear_schedule_with_warmup(self.optimizer, int(warmup_ratio * total_steps), total_steps)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=autocast_dtype == torch.float16)
+        self.max_grad_norm = max_grad_norm
+
+    def step(self, loss: torch.Tensor) -> float:
+        """Backpropagate `loss`, update the weights and the learning rate; returns the loss value."""
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.schedule.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.item()
 
 
 def save_model_directory(model, tokenizer, directory: str | os.PathLike, info: dict) -> Path:

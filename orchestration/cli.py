@@ -20,10 +20,10 @@ import yaml
 
 
 # `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
-# candidate pool instead of the BM25 top-100, one estimator epoch on a 1:1 sample of the judged pairs.
+# candidate pool instead of the BM25 top-100, one estimator epoch at a higher learning rate.
 DEMO_CONFIG = {"ops": {
     "bm25_pools": {"config": {"mode": "given"}},
-    "coverage_estimator": {"config": {"epochs": 1, "negatives_per_positive": 1.0, "max_length": 128}},
+    "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
     "coverage_biencoder": {"config": {"max_length": 128}},
 }}
 

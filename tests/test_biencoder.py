@@ -11,7 +11,7 @@ from covlab.models.biencoder import (build_coverage_groups, coverage_anchor, cov
                                      groups_loss, info_nce, load_biencoder, save_biencoder,
                                      train_coverage_biencoder)
 from covlab.models.cross_encoder import gold_coverage_pairs
-from tiny_bert import save_tiny_bert
+from tiny_bert import one_thread, save_tiny_bert
 
 TINY_TRAINING = {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3, "max_length": 64}
 
@@ -19,6 +19,12 @@ TINY_TRAINING = {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3, "max_lengt
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(autouse=True)
+def single_threaded():
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +36,8 @@ def demo_groups(demo_dataset):
 
 @pytest.fixture(scope="module")
 def trained(tiny_model, demo_groups):
-    return train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING)
+    with one_thread():
+        return train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING)
 
 
 def _state_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -145,7 +152,8 @@ def test_encode_gives_unit_vectors_in_input_order(trained, demo_dataset):
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     permutation = np.random.default_rng(0).permutation(40)
     np.testing.assert_allclose(encode(model, tokenizer, [texts[i] for i in permutation], batch_size=7,
-                                      max_length=64), vectors[permutation], atol=1e-5)
+                                      max_length=64, streams=2), vectors[permutation], atol=1e-5)
+    assert encode(model, tokenizer, []).shape == (0, model.config.hidden_size)
 
 
 def test_save_load_round_trip_and_sentence_transformers_agree(trained, demo_dataset, tmp_path):

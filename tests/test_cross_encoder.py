@@ -2,6 +2,7 @@
 facts and ArgKP key-point matching, score_pairs' ordering and batching, save/load, and agreement with
 sentence-transformers' CrossEncoder."""
 
+import os
 import time
 
 import numpy as np
@@ -15,7 +16,7 @@ from covlab.models.cross_encoder import (covered, gold_coverage_pairs, load_cros
                                          score_pairs, train_cross_encoder)
 from covlab.models.encoders import default_base_model
 from covlab.resources.datasets import read_dataset
-from tiny_bert import save_tiny_bert
+from tiny_bert import one_thread, save_tiny_bert
 
 TINY_TRAINING = {"max_length": 64, "epochs": 2, "batch_size": 16, "learning_rate": 1e-4, "patience": 2}
 
@@ -23,6 +24,16 @@ TINY_TRAINING = {"max_length": 64, "epochs": 2, "batch_size": 16, "learning_rate
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(autouse=True)
+def single_threaded(request):
+    """Tiny-model tests on one thread; the MiniLM tests (marked slow) keep torch's thread count."""
+    if request.node.get_closest_marker("slow"):
+        yield
+    else:
+        with one_thread():
+            yield
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +49,8 @@ def small_pairs(demo_pairs) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 @pytest.fixture(scope="module")
 def trained_tiny(tiny_model, small_pairs):
-    return train_cross_encoder(tiny_model, *small_pairs, **TINY_TRAINING)
+    with one_thread():
+        return train_cross_encoder(tiny_model, *small_pairs, **TINY_TRAINING)
 
 
 def _state_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -104,6 +116,8 @@ def test_minilm_learns_the_demo_facts(demo_pairs):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("COVLAB_LONG_TESTS"), reason="one useful MiniLM epoch on ArgKP takes 10-30 min "
+                    "on 2 CPU cores; set COVLAB_LONG_TESTS=1 (the issue notes give the measured dev AUC)")
 def test_minilm_learns_argkp_key_point_matching():
     """ArgKP (argument, key point) pairs: 3000 train pairs, one epoch, max_length 96, dev AUC >= 0.70."""
     dataset = read_dataset("argkp", "argkp2021", str(shared_dataset("argkp2021")))
@@ -128,13 +142,16 @@ def test_score_pairs_restores_input_order(trained_tiny, small_pairs):
     np.testing.assert_allclose(shuffled, probs[permutation], atol=1e-6)
 
 
-def test_scores_do_not_depend_on_batch_size(trained_tiny, small_pairs):
+def test_scores_do_not_depend_on_batch_size_or_streams(trained_tiny, small_pairs):
     _, dev = small_pairs
     pairs = list(zip(dev["subquestion"], dev["text"]))
     one = score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64, batch_size=1)
     for batch_size in (7, 64):
         np.testing.assert_allclose(score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64,
                                                batch_size=batch_size), one, atol=1e-5)
+    # two threads scoring whole batches side by side give the same scores, in the same order
+    np.testing.assert_allclose(score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64,
+                                           batch_size=7, streams=2), one, atol=1e-5)
     assert score_pairs(trained_tiny.model, trained_tiny.tokenizer, []).shape == (0,)
 
 

@@ -3,6 +3,7 @@
 Weights are drawn with a wide initializer range (0.5 instead of BERT's 0.02) so that even untrained its
 outputs, and a fresh head's scores, vary clearly with the input."""
 
+from contextlib import contextmanager
 from pathlib import Path
 
 TINY_BERT = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
@@ -21,3 +22,17 @@ def save_tiny_bert(directory: Path, seed: int = 0) -> str:
     BertModel(BertConfig(vocab_size=tokenizer.vocab_size, **TINY_BERT)).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return str(directory)
+
+
+@contextmanager
+def one_thread():
+    """Run tiny-model work on one intra-op thread: its ops are too small to gain from more, and on a busy
+    machine every multi-threaded op waits for a core that another process holds (10x slower measured)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
