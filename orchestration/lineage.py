@@ -62,6 +62,7 @@ class LineageWalker:
     def __init__(self, instance: DagsterInstance):
         self.instance = instance
         self._seen: set[int] = set()
+        self._records: dict[int, object] = {}
         self._latest: dict[tuple[str, str | None], object] = {}
 
     def node(self, record) -> LineageNode:
@@ -90,7 +91,9 @@ class LineageWalker:
         key = AssetKey.from_user_string(upstream)
         if pointer is None:
             return LineageNode(upstream, partition, None, gap="no input event pointer recorded")
-        record = _fetch(self.instance, key, int(pointer))
+        if int(pointer) not in self._records:  # a DAG: the same upstream event is read by many assets
+            self._records[int(pointer)] = _fetch(self.instance, key, int(pointer))
+        record = self._records[int(pointer)]
         if record is None:
             return LineageNode(upstream, partition, int(pointer),
                                gap=f"materialization event {pointer} is not in the event log (wiped?)")
@@ -106,8 +109,14 @@ class LineageWalker:
 def audit_materialization(instance: DagsterInstance, key: AssetKey, partition: str | None,
                           run_id: str | None = None) -> LineageNode:
     """The lineage tree of `key`'s materialization in `run_id` (latest for the partition if None)."""
+    window = {}
+    run = instance.get_run_record_by_id(run_id) if run_id else None
+    if run is not None and run.start_time:  # only the run's time window: no scan through earlier reports
+        window = {"after_timestamp": run.start_time - 1,
+                  "before_timestamp": (run.end_time or datetime.now(timezone.utc).timestamp()) + 1}
     records = instance.fetch_materializations(AssetRecordsFilter(
-        asset_key=key, asset_partitions=[partition] if partition else None), limit=1000).records
+        asset_key=key, asset_partitions=[partition] if partition else None, **window),
+        limit=1 if run_id is None else 1000).records
     for record in records:
         if run_id is None or record.run_id == run_id:
             return LineageWalker(instance).node(record)
