@@ -14,6 +14,7 @@ from dagster import (AssetKey, DefaultScheduleStatus, DefaultSensorStatus, RunRe
                      SensorEvaluationContext, SkipReason, schedule, sensor)
 
 from covlab.assets.partitions import DATASETS
+from covlab.resources.tracking import TrackingResource
 
 REPORTS = [AssetKey("coverage_report")]
 TRAINED_SELECTORS = ("coverage_estimator", "coverage_biencoder")
@@ -63,17 +64,17 @@ def nightly_reevaluation(context: ScheduleEvaluationContext):
 
 
 @sensor(name="mlflow_candidate_sensor", target=REPORTS, minimum_interval_seconds=300,
-        default_status=DefaultSensorStatus.STOPPED, required_resource_keys={"tracking"},
+        default_status=DefaultSensorStatus.STOPPED,
         description="Starts the evaluation of a dataset when a new `candidate` version of one of its trained "
                     "selectors appears in MLflow.")
-def mlflow_candidate_sensor(context: SensorEvaluationContext):
+def mlflow_candidate_sensor(context: SensorEvaluationContext, tracking: TrackingResource):
     seen = json.loads(context.cursor) if context.cursor else {}
     now, requests = dict(seen), []
     for partition in sorted(context.instance.get_dynamic_partitions(DATASETS.name)):
         changed = []
         for selector in TRAINED_SELECTORS:
             name = f"covlab.{partition}.{selector}"
-            ref = context.resources.tracking.version_for_alias(name, context.resources.tracking.candidate_alias)
+            ref = tracking.version_for_alias(name, tracking.candidate_alias)
             if ref is not None and seen.get(name) != ref.version:
                 now[name] = ref.version
                 changed.append(f"{name} v{ref.version}")

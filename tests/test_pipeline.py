@@ -126,6 +126,25 @@ def test_nightly_reruns_only_the_report_when_nothing_changed_then_only_a_changed
 
 
 @pytest.mark.slow
+def test_candidate_sensor_requests_an_evaluation_once_per_new_candidate(built):
+    from dagster import SkipReason, build_sensor_context
+
+    from covlab.orchestration.automation import mlflow_candidate_sensor
+
+    defs = Definitions(assets=ASSETS, sensors=[mlflow_candidate_sensor], resources=default_resources(built["home"]))
+    sensor = defs.resolve_sensor_def("mlflow_candidate_sensor")
+    context = build_sensor_context(instance=built["instance"], definitions=defs,
+                                   resources={"tracking": default_resources(built["home"])["tracking"]})
+    requests = sensor(context)
+    assert [r.partition_key for r in requests] == ["demo"]
+    assert requests[0].asset_selection == [AssetKey("coverage_report")]
+    assert "covlab.demo.coverage_estimator v1" in requests[0].tags["covlab/candidates"]
+    again = build_sensor_context(instance=built["instance"], definitions=defs, cursor=context.cursor,
+                                 resources={"tracking": default_resources(built["home"])["tracking"]})
+    assert isinstance(sensor(again), SkipReason)  # nothing new in MLflow: no run
+
+
+@pytest.mark.slow
 def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(built):
     instance, home = built["instance"], built["home"]
     report = audit_materialization(instance, AssetKey("coverage_report"), "demo")
