@@ -101,7 +101,7 @@ def coverage_judgments(context: AssetExecutionContext, config: JudgmentConfig, q
                                    "pairs_per_split": MetadataValue.json(by_split["size"].to_dict())})
 
 
-def _judged_subquestions(judgments: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame) -> pd.DataFrame:
+def _judged_subquestions(subquestions: pd.DataFrame, nuggets: pd.DataFrame) -> pd.DataFrame:
     """Texts of whatever the judgments judged: gold nuggets or the subquestions asset."""
     return pd.concat([subquestions, gold_subquestions(nuggets)]).drop_duplicates("subq_id")
 
@@ -128,7 +128,7 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
     """The coverage estimator: a cross-encoder fine-tuned on judged (subquestion, document) pairs, BCE,
     early stopping on the dev split; registered in MLflow as covlab.<dataset>.coverage_estimator."""
     context.log.info(device.describe())
-    texts, subqs = document_texts(corpus), _judged_subquestions(coverage_judgments, subquestions, nuggets)
+    texts, subqs = document_texts(corpus), _judged_subquestions(subquestions, nuggets)
     train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed)
     dev = training_pairs(coverage_judgments, subqs, texts, "dev", None, config.seed)
     trained = train_cross_encoder(
@@ -167,7 +167,7 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
     """The relevance bi-encoder further trained with InfoNCE on anchors `query [COVERED] ...` (CoveR):
     positives cover an uncovered subquestion, negatives are redundant or irrelevant documents."""
     context.log.info(device.describe())
-    subqs = _judged_subquestions(coverage_judgments, subquestions, nuggets)
+    subqs = _judged_subquestions(subquestions, nuggets)
     pairs = labelled_pairs(coverage_judgments[coverage_judgments["split"] == "train"], subqs, document_texts(corpus))
     groups = coverage_groups_from_pairs(pairs, dict(zip(queries["query_id"], queries["text"])),
                                         np.random.default_rng(config.seed), max_negatives=config.max_negatives,

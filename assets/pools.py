@@ -50,9 +50,10 @@ def bm25_pools(context: AssetExecutionContext, config: PoolConfig, queries: pd.D
     else:
         distractors = (datasets.given_pool_distractors(context.partition_key)
                        if config.distractors < 0 else config.distractors)
-        given = lucene.score_pairs(index, queries, candidates)
-        hits = lucene.top_n(index, queries, distractors + int(candidates.groupby("query_id").size().max()))
-        pools = merge_given_and_distractors(given, hits, distractors)
+        pools = lucene.score_pairs(index, queries, candidates)
+        if distractors > 0:  # search the whole index only when distractors are asked for
+            hits = lucene.top_n(index, queries, distractors + int(candidates.groupby("query_id").size().max()))
+            pools = merge_given_and_distractors(pools, hits, distractors)
     sizes = pools.groupby("query_id").size()
     return Output(pools, metadata={
         "config": MetadataValue.json({**config.model_dump(), "k1": lucene.k1, "b": lucene.b,

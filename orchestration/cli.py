@@ -75,7 +75,7 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
                                selection=selection, run_config=run_config, raise_on_error=raise_on_error)
 
 
-def summarize(result, instance, seconds: float) -> str:
+def summarize(result, seconds: float) -> str:
     from covlab.orchestration.settings import covlab_home
 
     lines = [f"covlab: run {result.run_id} succeeded in {seconds:.0f} s", "built:"]
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             instance = _instance()
             start = time.perf_counter()
             result = materialize(dataset, getattr(args, "select", None), config, instance)
-            print(summarize(result, instance, time.perf_counter() - start))
+            print(summarize(result, time.perf_counter() - start))
     except DatasetError as exc:
         print(f"covlab: {exc}", file=sys.stderr)
         return 2

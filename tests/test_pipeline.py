@@ -179,7 +179,8 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
     figure = default_resources(home)["results"].figures(dataset="demo", method="oracle_greedy",
                                                         metric="alpha_ndcg@10", split="test", aggregate_only=True)
     audits = audit_figures(instance, default_resources(home)["results"].find_value(float(figure["value"].iloc[0]), 1e-9))
-    assert any(a["lineage"].asset_key == "coverage_report" for a in audits)
+    assert any(a["lineage"].asset_key == "coverage_report" and a["lineage"].gap is None
+               and a["lineage"].inputs for a in audits)
 
 
 def _fake_llm(body: dict):
