@@ -39,13 +39,14 @@ METHODS = [
 ]
 
 
-def _ranked_pool(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+def _ranked_pool(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, queries: pd.DataFrame,
                  evaluation: EvaluationResource, ranking: str | None) -> pd.DataFrame:
     pool = bm25_pools.merge(queries_of(queries, evaluation.splits)[["query_id"]], on="query_id")
     return pool if ranking is None else rank_pool_by(pool, pool_scores, ranking)
 
 
-def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None,
+               queries: pd.DataFrame,
                evaluation: EvaluationResource, coverage: pd.DataFrame | None) -> Output[pd.DataFrame]:
     pool = _ranked_pool(bm25_pools, pool_scores, queries, evaluation, spec.ranking)
     columns = ("nugget_id", "grade", 1.0) if spec.gold else ("subq_id", "probability", evaluation.tau)
@@ -57,9 +58,18 @@ def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.
 
 
 def selection_asset(spec: SelectionMethod, code_version: str = "1"):
-    """The asset of one method; methods with a coverage matrix take it as an extra input."""
+    """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, and a
+    covering method also its coverage matrix."""
     common = dict(name=f"selection_{spec.name}", partitions_def=DATASETS, group_name="selections",
                   code_version=code_version, description=f"Selection: {spec.description}.")
+    if spec.ranking is None and spec.coverage is None:
+        @asset(**common)
+        def pooled(bm25_pools: pd.DataFrame, queries: pd.DataFrame,
+                   evaluation: EvaluationResource) -> Output[pd.DataFrame]:
+            return _selection(spec, bm25_pools, None, queries, evaluation, None)
+
+        return pooled
+
     if spec.coverage is None:
         @asset(**common)
         def ranked(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
