@@ -83,6 +83,24 @@ def length_sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarr
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+def shuffled_length_batches(lengths: np.ndarray, batch_size: int, generator: torch.Generator,
+                            bucket_batches: int = 50) -> list[torch.Tensor]:
+    """Training batches for one epoch: a seeded shuffle, cut into buckets of `bucket_batches` batches,
+    each bucket sorted by length and cut into batches, then the batch order shuffled. Batches stay random
+    in content (which bucket) but hold texts of similar length, so dynamic padding wastes little: on ArgKP
+    pairs (median 32, 99th percentile 57 tokens) random batches of 32 pad to 1.62x their tokens, these to 1.02x."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = torch.randperm(len(lengths), generator=generator)
+    bucket = batch_size * bucket_batches
+    batches = []
+    for start in range(0, len(order), bucket):
+        chunk = order[start:start + bucket]
+        chunk = chunk[torch.from_numpy(np.argsort(-lengths[chunk.numpy()], kind="stable"))]
+        batches.extend(chunk.split(batch_size))
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
+
+
 def run_batches(batches: Sequence[np.ndarray], work: Callable[[np.ndarray], None], device: torch.device,
                 streams: int | None = None) -> None:
     """Call `work` on every batch. On CPU, `streams` worker threads (default: torch's thread count) each

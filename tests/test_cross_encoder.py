@@ -14,7 +14,7 @@ from sklearn.metrics import roc_auc_score
 from conftest import shared_dataset
 from covlab.models.cross_encoder import (covered, gold_coverage_pairs, load_cross_encoder, save_cross_encoder,
                                          score_pairs, train_cross_encoder)
-from covlab.models.encoders import default_base_model
+from covlab.models.encoders import default_base_model, shuffled_length_batches
 from covlab.resources.datasets import read_dataset
 from tiny_bert import one_thread, save_tiny_bert
 
@@ -133,6 +133,22 @@ def test_minilm_learns_argkp_key_point_matching():
     elapsed = time.perf_counter() - started
     print(f"MiniLM on ArgKP: dev ROC-AUC {trained.dev_auc:.3f} over {len(dev)} dev pairs in {elapsed:.0f} s")
     assert trained.dev_auc >= 0.58
+
+
+def test_training_batches_cover_every_pair_once_with_little_padding():
+    lengths = np.random.default_rng(0).integers(8, 64, size=1003)
+    batches = shuffled_length_batches(lengths, 32, torch.Generator().manual_seed(1), bucket_batches=4)
+    assert sorted(torch.cat(batches).tolist()) == list(range(1003))
+    assert sorted(len(b) for b in batches)[:2] == [1003 % 32, 32]  # buckets of 4 x 32: only the last is short
+    padded = sum(len(b) * lengths[b.numpy()].max() for b in batches) / lengths.sum()
+    random = sum(len(b) * lengths[b.numpy()].max() for b in torch.randperm(1003).split(32)) / lengths.sum()
+    assert padded < 1.25 and random > 1.5
+    again = shuffled_length_batches(lengths, 32, torch.Generator().manual_seed(1), bucket_batches=4)
+    assert all(torch.equal(a, b) for a, b in zip(batches, again))
+    other = shuffled_length_batches(lengths, 32, torch.Generator().manual_seed(2), bucket_batches=4)
+    assert not all(torch.equal(a, b) for a, b in zip(batches, other))
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        shuffled_length_batches(lengths, 0, torch.Generator())
 
 
 def test_score_pairs_restores_input_order(trained_tiny, small_pairs):
