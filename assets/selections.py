@@ -34,6 +34,8 @@ METHODS = [
                     "coverage_trained", "soft_greedy", "estimated_coverage_matrix"),
     SelectionMethod("gold_nugget_bound", "the pipeline with the gold nuggets as subquestions (gold nuggets)",
                     "coverage_trained", "greedy", "estimated_gold_coverage_matrix"),
+    SelectionMethod("gold_nugget_bound_soft", "[chosen extension] soft greedy on the estimator's probabilities "
+                    "for the gold nuggets", "coverage_trained", "soft_greedy", "estimated_gold_coverage_matrix"),
     SelectionMethod("oracle_greedy", "greedy on the gold coverage matrix (oracle greedy)", "coverage_trained",
                     "greedy", "nugget_links", gold=True),
 ]

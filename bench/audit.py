@@ -47,7 +47,7 @@ def main() -> None:
     materialize("demo", None, config, instance)
     reruns = [k for k in ("pool_scores",)] + [f"selection_{m}" for m in (
         "bm25", "relevance", "relevance_coverage_trained", "coverage_greedy", "coverage_greedy_soft",
-        "gold_nugget_bound", "oracle_greedy")] + ["coverage_report"]
+        "gold_nugget_bound", "gold_nugget_bound_soft", "oracle_greedy")] + ["coverage_report"]
     rerun_config = {"ops": {k: v for k, v in config["ops"].items() if k in reruns}}
     for _ in range(args.materializations - 1):
         materialize("demo", reruns, rerun_config, instance)

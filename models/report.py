@@ -15,6 +15,7 @@ TABLE1_ROWS = [
     ("+ estimator and greedy", "coverage_greedy"),
     ("+ estimator and soft greedy [chosen]", "coverage_greedy_soft"),
     ("gold nuggets", "gold_nugget_bound"),
+    ("gold nuggets, soft greedy [chosen]", "gold_nugget_bound_soft"),
     ("oracle greedy", "oracle_greedy"),
     ("BM25 pool order", "bm25"),
 ]

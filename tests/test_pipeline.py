@@ -63,7 +63,7 @@ def test_every_selection_has_k_documents_from_the_pool(built):
     queries = _stored(home, "queries")
     evaluated = set(queries.loc[queries["split"].isin(["dev", "test"]), "query_id"])
     for name in ("bm25", "relevance", "relevance_coverage_trained", "coverage_greedy", "coverage_greedy_soft",
-                 "gold_nugget_bound", "oracle_greedy"):
+                 "gold_nugget_bound", "gold_nugget_bound_soft", "oracle_greedy"):
         selection = _stored(home, f"selection_{name}")
         assert set(selection["query_id"]) == evaluated, name
         assert (selection.groupby("query_id").size() == 10).all(), name
