@@ -1,8 +1,11 @@
 """The code location's wiring: GPU tagging, code versions, schedules and sensors, config descriptions."""
 
 import json
+from pathlib import Path
 
-from dagster import AssetKey
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInvalidConfigError, validate_run_config
 
 from covlab.orchestration.definitions import ASSETS, defs
 from covlab.resources.device import GPU_POOL, gpu_step
@@ -51,3 +54,19 @@ def test_the_gpu_pool_is_limited_in_the_generated_dagster_yaml(covlab_home):
     config = yaml.safe_load((dagster_home() / "dagster.yaml").read_text())
     assert config["concurrency"]["pools"]["default_limit"] == 1
     assert config["telemetry"]["enabled"] is False
+
+
+
+
+def test_shipped_run_configs_are_valid_for_the_asset_job():
+    """The documented ArgKP configs name real assets and fields, with values of the right types."""
+    job = defs.resolve_implicit_global_asset_job_def()
+    configs = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+    assert [p.name for p in configs] == ["argkp_bm25.yaml", "argkp_given.yaml"]
+    assets = {key.to_python_identifier() for assets_def in ASSETS for key in assets_def.keys}
+    for path in configs:
+        config = yaml.safe_load(path.read_text())
+        assert set(config["ops"]) <= assets, path.name  # Dagster ignores config of an unknown op
+        assert validate_run_config(job, config)["ops"]["coverage_estimator"]["config"]["epochs"] >= 1
+    with pytest.raises(DagsterInvalidConfigError, match="epochs"):
+        validate_run_config(job, {"ops": {"coverage_estimator": {"config": {"epochs": "three"}}}})
