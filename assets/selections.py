@@ -48,8 +48,8 @@ def _ranked_pool(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, que
 
 
 def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None,
-               queries: pd.DataFrame,
-               evaluation: EvaluationResource, coverage: pd.DataFrame | None) -> Output[pd.DataFrame]:
+               queries: pd.DataFrame, evaluation: EvaluationResource,
+               coverage: pd.DataFrame | None) -> Output[pd.DataFrame]:
     pool = _ranked_pool(bm25_pools, pool_scores, queries, evaluation, spec.ranking)
     columns = ("nugget_id", "grade", 1.0) if spec.gold else ("subq_id", "probability", evaluation.tau)
     selected = select_per_query(pool, spec.method, evaluation.k, coverage, nugget_column=columns[0],

@@ -122,8 +122,8 @@ def test_minilm_learns_argkp_key_point_matching():
     """ArgKP (key point, argument) pairs: 3000 train pairs, one epoch, max_length 96, scored on 1000 pairs of
     the dev split. This budget only starts the learning: on all 24,454 pairs (max_length 64, batch 32, lr
     1e-4, configs/argkp_given.yaml) epochs 1-3 reach dev ROC-AUC 0.819, 0.856, 0.854; here the bar is clearly
-    above chance (0.5; its standard error at this dev size is about 0.025). Of the rates tried, lr 2e-4 at batch 16 learned fastest (0.62 on 600 dev pairs; 5e-5: 0.555,
-    1e-4 at batch 8: 0.46-0.54)."""
+    above chance (0.5; its standard error at this dev size is about 0.025). Of the rates tried at this budget,
+    lr 2e-4 at batch 16 learned fastest (0.62 on 600 dev pairs; 5e-5: 0.555, 1e-4 at batch 8: 0.46-0.54)."""
     dataset = read_dataset("argkp", "argkp2021", str(shared_dataset("argkp2021")))
     train, dev = gold_coverage_pairs(dataset, "train"), gold_coverage_pairs(dataset, "dev")
     dev = dev.sample(n=1000, random_state=0)

@@ -47,15 +47,11 @@ def test_nightly_schedule_and_candidate_sensor_are_defined():
 
 
 def test_the_gpu_pool_is_limited_in_the_generated_dagster_yaml(covlab_home):
-    import yaml
-
     from covlab.orchestration.settings import dagster_home
 
     config = yaml.safe_load((dagster_home() / "dagster.yaml").read_text())
     assert config["concurrency"]["pools"]["default_limit"] == 1
     assert config["telemetry"]["enabled"] is False
-
-
 
 
 def test_shipped_run_configs_are_valid_for_the_asset_job():
