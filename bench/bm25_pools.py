@@ -4,6 +4,14 @@ ArgKP's 62 queries are repeated (with a repeat number appended so no cache helps
 each side builds its index over the 7,238 arguments and retrieves the top-100. Prints a table and
 writes bench/results/bm25_pools.json.
 
+Why pyserini is ~two orders of magnitude slower here (measured 2026-11-29 on 496 ArgKP queries, 2 threads,
+Anserini's own batch_search called directly after JIT warm-up): the cost is per hit, not per query: k=100
+took 4.3x as long as k=10, ~27 us per hit, because Anserini materialises each hit's stored Lucene document
+(id, and the raw text our index stores for the `given` pool mode: 1.6x slower than an index without
+-storeRaw/-storeDocvectors). pyserini's Python batch_search then converts every hit through pyjnius (another
+~40% of the wall time), and 50 warm-up queries leave the JIT cold. bm25s reads ids from a precomputed sparse
+matrix. For the pipeline this is immaterial (one top_n call of 62 queries takes under a second).
+
     .venv/bin/python bench/bm25_pools.py [--queries 2000] [--k 100] [--threads 2]
 """
 
