@@ -15,8 +15,10 @@ from covlab.models import prompts
 from covlab.models.biencoder import (coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
                                      save_biencoder, train_coverage_biencoder)
 from covlab.models.coverage import (POOL_SCORES, document_texts, estimate_coverage, gold_judgments,
-                                    labelled_pairs, pool_pairs, queries_of, rated_judgments, training_pairs)
-from covlab.models.cross_encoder import load_cross_encoder, save_cross_encoder, score_pairs, train_cross_encoder
+                                    labelled_pairs, load_estimator_scorer, pool_pairs, queries_of, rated_judgments,
+                                    save_estimator, training_pairs)
+from covlab.models.cross_encoder import train_cross_encoder
+from covlab.models.matcher import train_matcher
 from covlab.models.encoders import default_base_model
 from covlab.models.subquestions import gold_subquestions, grounded_subquestions
 from covlab.resources.artifacts import ArtifactStore
@@ -107,37 +109,46 @@ def _judged_subquestions(subquestions: pd.DataFrame, nuggets: pd.DataFrame) -> p
 
 
 class EstimatorConfig(Config):
+    architecture: Literal["cross_encoder", "bi_encoder"] = Field(
+        "cross_encoder", description="cross_encoder: METHODS.md §1, p = sigmoid(logit); bi_encoder [chosen "
+                                     "extension]: the relevance bi-encoder fine-tuned as a matcher with InfoNCE, "
+                                     "cosine Platt-scaled on dev (models/matcher.py; no early stopping)")
     base_model: str = Field("", description="HF model path or name to fine-tune (empty: packaged MiniLM; e.g. "
                                             "answerdotai/ModernBERT-base on a machine that has it)")
     max_length: int = Field(256, description="tokens per (subquestion, document) pair (1024 in the paper)")
-    epochs: int = Field(3, description="most epochs; early stopping on dev ROC-AUC")
+    epochs: int = Field(3, description="most epochs; early stopping on dev ROC-AUC (bi_encoder: all run)")
     patience: int = Field(1, description="epochs without dev improvement before stopping")
-    batch_size: int = Field(16, description="training batch size")
+    batch_size: int = Field(16, description="training batch size (bi_encoder: groups of a match and 7 non-matches)")
     learning_rate: float = Field(2e-5, description="AdamW learning rate")
     negatives_per_positive: float | None = Field(
         3.0, description="uncovered pairs sampled per covered pair (train; None: all). Fewer negatives than the "
                          "judged share inflate p and so what tau counts as covered")
     max_train_pairs: int | None = Field(None, description="cap on training pairs (None: all sampled pairs)")
+    temperature: float = Field(0.05, description="bi_encoder: InfoNCE temperature")
     seed: int = Field(0, description="seed for sampling, initialisation and shuffling")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2", **gpu_step())
 def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, coverage_judgments: pd.DataFrame,
                        subquestions: pd.DataFrame, nuggets: pd.DataFrame, corpus: pd.DataFrame,
                        device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
-    """The coverage estimator: a cross-encoder fine-tuned on judged (subquestion, document) pairs, BCE,
-    early stopping on the dev split; registered in MLflow as covlab.<dataset>.coverage_estimator."""
+    """The coverage estimator, fine-tuned on judged (subquestion, document) pairs: a cross-encoder (BCE,
+    early stopping on the dev split) or a bi-encoder matcher (`architecture`); registered in MLflow as
+    covlab.<dataset>.coverage_estimator."""
     context.log.info(device.describe())
     texts, subqs = document_texts(corpus), _judged_subquestions(subquestions, nuggets)
-    train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed)
+    train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed,
+                           config.max_train_pairs)
     dev = training_pairs(coverage_judgments, subqs, texts, "dev", None, config.seed)
-    trained = train_cross_encoder(
-        config.base_model or default_base_model(), train, dev, max_length=config.max_length, epochs=config.epochs,
-        batch_size=config.batch_size, learning_rate=config.learning_rate, patience=config.patience,
-        seed=config.seed, device=device.torch_device(), max_train_pairs=config.max_train_pairs,
-        autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+    common = dict(max_length=config.max_length, epochs=config.epochs, batch_size=config.batch_size,
+                  learning_rate=config.learning_rate, seed=config.seed, device=device.torch_device(),
+                  autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+    base_model = config.base_model or default_base_model()
+    trained = (train_matcher(base_model, train, dev, temperature=config.temperature, **common)
+               if config.architecture == "bi_encoder" else
+               train_cross_encoder(base_model, train, dev, patience=config.patience, **common))
     with tempfile.TemporaryDirectory() as work:
-        save_cross_encoder(trained, None, work)
+        save_estimator(trained, work)
         model = register_trained_model(context, tracking, artifacts, "coverage_estimator", work,
                                        params=config.model_dump(),
                                        metrics={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
@@ -231,12 +242,10 @@ def _estimated_matrix(context, config: EstimationConfig, pools: pd.DataFrame, su
                       queries: pd.DataFrame, corpus: pd.DataFrame, estimator: dict, evaluation: EvaluationResource,
                       device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output:
     context.log.info(device.describe())
-    model, tokenizer, info = load_cross_encoder(load_registered_model(estimator, tracking, artifacts),
-                                                device.torch_device())
+    scorer = load_estimator_scorer(load_registered_model(estimator, tracking, artifacts), batch_size=config.batch_size,
+                                   device=device.torch_device(), autocast_dtype=device.autocast_dtype())
     pairs = pool_pairs(pools, subqs, queries_of(queries, evaluation.splits)).drop(columns="split")
-    matrix = estimate_coverage(pairs, subqs, document_texts(corpus), lambda batch: score_pairs(
-        model, tokenizer, batch, batch_size=config.batch_size, max_length=info.get("max_length", 256),
-        device=device.torch_device(), autocast_dtype=device.autocast_dtype()))
+    matrix = estimate_coverage(pairs, subqs, document_texts(corpus), scorer)
     return Output(matrix, metadata={"pairs": len(matrix), "model_uri": estimator["uri"],
                                     "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
                                     "config": MetadataValue.json(config.model_dump())})

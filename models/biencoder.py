@@ -36,8 +36,9 @@ def coverage_anchor(query: str, covered_subquestions: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Group:
-    """One training group: an anchor (query + covered state), one positive and its own negatives.
-    Document fields are row indices into the query's covers matrix, with their texts alongside."""
+    """One training group: an anchor (query + covered state, or a subquestion for the matcher), one positive
+    and its own negatives. Document fields are row indices into the table the group was built from (the
+    query's covers matrix, or the matcher's labelled pairs), with their texts alongside."""
     query: str
     covered: tuple[int, ...]  # subquestion indices of the simulated covered state
     anchor: str
@@ -176,10 +177,12 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
                              weight_decay: float = 0.01, warmup_ratio: float = 0.1, max_grad_norm: float = 1.0,
                              max_length: int = 256, seed: int = 0, device: torch.device = CPU,
                              autocast_dtype: torch.dtype | None = None,
-                             progress: Callable[[str], None] | None = None):
+                             progress: Callable[[str], None] | None = None,
+                             after_epoch: Callable[[torch.nn.Module, object], dict] | None = None):
     """(model, tokenizer, history): `base_model` (the relevance bi-encoder) fine-tuned with InfoNCE over
     [positive, group negatives, the other groups' documents in the batch] at `temperature`; AdamW with
-    linear warmup and decay; history has one {epoch, train_loss} per epoch. Bit-identical on CPU per seed."""
+    linear warmup and decay; history has one {epoch, train_loss} per epoch, plus what `after_epoch`
+    (model in eval mode, tokenizer) returns, e.g. a dev score. Bit-identical on CPU per seed."""
     from transformers import AutoModel, AutoTokenizer
 
     if not groups:
@@ -200,7 +203,11 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
                     loss = _batch_loss(model, tokenizer, [groups[i] for i in batch], temperature, max_length, device)
                 losses.append(steps.step(loss))
             history.append({"epoch": epoch, "train_loss": float(np.mean(losses))})
-            log(f"coverage bi-encoder epoch {epoch}/{epochs}: InfoNCE {history[-1]['train_loss']:.4f}")
+            if after_epoch is not None:
+                model.eval()
+                history[-1].update(after_epoch(model, tokenizer))
+            log(f"bi-encoder epoch {epoch}/{epochs}: " + ", ".join(f"{k} {v:.4f}" for k, v in history[-1].items()
+                                                                    if k != "epoch"))
     model.eval()
     return model, tokenizer, history
 
@@ -216,9 +223,9 @@ def groups_loss(model, tokenizer, groups: Sequence[Group], *, temperature: float
 
 
 def save_biencoder(model, tokenizer, directory: str | os.PathLike, *, max_length: int = 256,
-                   history: Sequence[dict] = (), settings: dict | None = None) -> Path:
-    """Save weights (safetensors), tokenizer and covlab.json (max_length, training history and settings)."""
-    info = {"kind": "biencoder", "max_length": max_length,
+                   history: Sequence[dict] = (), settings: dict | None = None, kind: str = "biencoder") -> Path:
+    """Save weights (safetensors), tokenizer and covlab.json (kind, max_length, training history and settings)."""
+    info = {"kind": kind, "max_length": max_length,
             "training": {"history": list(history), **(settings or {})}}
     return save_model_directory(model, tokenizer, directory, info)
 

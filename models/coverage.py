@@ -72,16 +72,20 @@ def labelled_pairs(judgments: pd.DataFrame, subquestions: pd.DataFrame, texts: d
 
 
 def training_pairs(judgments: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str], split: str,
-                   negatives_per_positive: float | None, seed: int) -> pd.DataFrame:
+                   negatives_per_positive: float | None, seed: int, max_pairs: int | None = None) -> pd.DataFrame:
     """Labelled pairs of one split for the estimator: every covered pair and, when `negatives_per_positive`
-    is set, a seeded sample of that many uncovered pairs per covered one."""
+    is set, a seeded sample of that many uncovered pairs per covered one; then, when `max_pairs` is set, a
+    seeded sample of at most that many pairs."""
     rows = judgments[judgments["split"] == split]
     if rows.empty:
         raise ValueError(f"no judged pairs in split {split!r}; judged splits are {sorted(judgments['split'].unique())}")
     positives, negatives = rows[rows["covered"]], rows[~rows["covered"]]
     if negatives_per_positive is not None and len(negatives) > negatives_per_positive * len(positives):
         negatives = negatives.sample(n=int(negatives_per_positive * max(len(positives), 1)), random_state=seed)
-    chosen = pd.concat([positives, negatives]).sort_values(["query_id", "doc_id", "subq_id"])
+    chosen = pd.concat([positives, negatives])
+    if max_pairs is not None and len(chosen) > max_pairs:
+        chosen = chosen.sample(n=max_pairs, random_state=seed)
+    chosen = chosen.sort_values(["query_id", "doc_id", "subq_id"])
     return labelled_pairs(chosen, subquestions, texts).reset_index(drop=True)
 
 
@@ -91,6 +95,32 @@ def estimate_coverage(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: di
     text_of_subq = dict(zip(subquestions["subq_id"], subquestions["text"]))
     probabilities = score(list(zip(pairs["subq_id"].map(text_of_subq), pairs["doc_id"].map(texts))))
     return COVERAGE_MATRIX.conform(pairs.assign(probability=np.asarray(probabilities, dtype=np.float64)))
+
+
+def save_estimator(trained, directory: str) -> None:
+    """Save a trained estimator, cross-encoder or bi-encoder matcher, where load_estimator_scorer reads it."""
+    from covlab.models import cross_encoder, matcher
+
+    if isinstance(trained, matcher.TrainedMatcher):
+        matcher.save_matcher(trained, directory)
+    else:
+        cross_encoder.save_cross_encoder(trained, None, directory)
+
+
+def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_dtype=None
+                          ) -> Callable[[list[tuple[str, str]]], np.ndarray]:
+    """A saved coverage estimator, cross-encoder or bi-encoder matcher (by its covlab.json kind), as a
+    function from (subquestion, document) pairs to coverage probabilities."""
+    from covlab.models import cross_encoder, matcher
+    from covlab.models.encoders import read_info
+
+    if read_info(directory).get("kind") == matcher.KIND:
+        return matcher.load_matcher_scorer(directory, batch_size=batch_size, device=device,
+                                           autocast_dtype=autocast_dtype)
+    model, tokenizer, info = cross_encoder.load_cross_encoder(directory, device)
+    return lambda pairs: cross_encoder.score_pairs(model, tokenizer, pairs, batch_size=batch_size,
+                                                   max_length=info.get("max_length", 256), device=device,
+                                                   autocast_dtype=autocast_dtype)
 
 
 def rank_pool_by(pools: pd.DataFrame, scores: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -76,7 +76,7 @@ def _checked_pairs(pairs: pd.DataFrame, name: str) -> pd.DataFrame:
 def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, max_length: int = 256,
                         epochs: int = 3, batch_size: int = 16, learning_rate: float = 2e-5,
                         weight_decay: float = 0.01, warmup_ratio: float = 0.1, patience: int = 1,
-                        seed: int = 0, device: torch.device = CPU, max_train_pairs: int | None = None,
+                        seed: int = 0, device: torch.device = CPU,
                         pos_weight: float | None = None, max_grad_norm: float = 1.0,
                         eval_batch_size: int = 64, autocast_dtype: torch.dtype | None = None,
                         progress: Callable[[str], None] | None = None) -> TrainedCrossEncoder:
@@ -86,14 +86,12 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     class imbalance; default none, the probabilities then stay calibrated for tau). Schedule: linear
     warmup over `warmup_ratio` of the planned steps, then linear decay. After each epoch the dev pairs
     are scored; training stops once dev ROC-AUC has not improved for `patience` epochs and the best
-    epoch's weights are kept. `max_train_pairs` subsamples the training pairs (seeded)."""
+    epoch's weights are kept."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     train, dev = _checked_pairs(train, "train"), _checked_pairs(dev, "dev")
     if dev["label"].nunique() < 2:
         raise ValueError(f"dev pairs have only label {dev['label'].iloc[0]}; ROC-AUC needs both 0 and 1")
-    if max_train_pairs is not None and len(train) > max_train_pairs:
-        train = train.sample(n=max_train_pairs, random_state=seed).reset_index(drop=True)
     log = progress or (lambda message: None)
     settings = {"base_model": base_model, "max_length": max_length, "epochs": epochs, "batch_size": batch_size,
                 "learning_rate": learning_rate, "weight_decay": weight_decay, "warmup_ratio": warmup_ratio,

@@ -2,6 +2,7 @@
 store, MLflow versions, champion promotion, the lineage audit and the nightly re-evaluation."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -231,3 +232,19 @@ def test_llm_products_against_a_local_openai_compatible_server(built, monkeypatc
         assert event.metadata["prompt_version"].value == "decompose-1"
         materialize("demo", ["subquestions", "coverage_judgments", "answers", "answer_report"], config, instance)
         assert len(server.requests) == asked  # every answer came from the cache
+
+
+@pytest.mark.slow
+def test_a_bi_encoder_matcher_can_stand_in_for_the_cross_encoder(built):
+    """architecture: bi_encoder trains the matcher, registers it, and the matrix asset scores with it."""
+    estimator = {**built["config"]["ops"]["coverage_estimator"]["config"], "architecture": "bi_encoder"}
+    result = materialize("demo", ["coverage_estimator", "estimated_coverage_matrix"],
+                         {"ops": {"coverage_estimator": {"config": estimator}}}, built["instance"])
+    assert result.success
+    event = result.asset_materializations_for_node("coverage_estimator")[0]
+    assert 0 <= event.metadata["dev_auc"].value <= 1
+    stored = json.loads((built["home"] / "storage" / "coverage_estimator" / "demo.json").read_text())
+    assert stored["uri"] == event.metadata["model_uri"].value
+    assert json.loads((Path(stored["path"]) / "covlab.json").read_text())["kind"] == "biencoder_matcher"
+    matrix = _stored(built["home"], "estimated_coverage_matrix")
+    assert matrix["probability"].between(0, 1, inclusive="neither").all() and matrix["probability"].nunique() > 1
