@@ -60,10 +60,11 @@ def gold_coverage_pairs(dataset: Dataset, split: str) -> pd.DataFrame:
     return pairs[columns].sort_values(["query_id", "nugget_id", "doc_id"]).reset_index(drop=True)
 
 
-def _checked_pairs(pairs: pd.DataFrame, name: str) -> pd.DataFrame:
-    missing = [c for c in PAIR_COLUMNS if c not in pairs.columns]
+def checked_pairs(pairs: pd.DataFrame, name: str, columns: Sequence[str] = PAIR_COLUMNS) -> pd.DataFrame:
+    """`pairs` with a fresh index, or a ValueError naming the missing column or the first bad label."""
+    missing = [c for c in columns if c not in pairs.columns]
     if missing:
-        raise ValueError(f"{name} pairs lack column(s) {missing}; expected columns {list(PAIR_COLUMNS)}")
+        raise ValueError(f"{name} pairs lack column(s) {missing}; expected columns {list(columns)}")
     if pairs.empty:
         raise ValueError(f"{name} pairs are empty; expected (subquestion, text, label) rows")
     bad = ~pairs["label"].isin([0, 1])
@@ -89,7 +90,7 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     epoch's weights are kept."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    train, dev = _checked_pairs(train, "train"), _checked_pairs(dev, "dev")
+    train, dev = checked_pairs(train, "train"), checked_pairs(dev, "dev")
     if dev["label"].nunique() < 2:
         raise ValueError(f"dev pairs have only label {dev['label'].iloc[0]}; ROC-AUC needs both 0 and 1")
     log = progress or (lambda message: None)

@@ -25,6 +25,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from covlab.models.biencoder import Group, encode, load_biencoder, save_biencoder, train_coverage_biencoder
+from covlab.models.cross_encoder import PAIR_COLUMNS, checked_pairs
 from covlab.models.encoders import CPU
 
 KIND = "biencoder_matcher"
@@ -100,17 +101,24 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
                   progress: Callable[[str], None] | None = None) -> TrainedMatcher:
     """Fine-tune `base_model` (a bi-encoder) on the covered pairs of `train` (module docstring), then fit
     Platt scaling on all `dev` pairs. Same seed, same weights on CPU."""
+    train = checked_pairs(train, "train", ("query_id", "nugget_id", *PAIR_COLUMNS))
+    dev = checked_pairs(dev, "dev")
     groups = matching_groups(train, np.random.default_rng(seed), max_negatives)
     if not groups:
         raise ValueError("no covered training pairs; the matcher needs at least one (subquestion, document) match")
     dev_pairs = list(zip(dev["subquestion"], dev["text"]))
+    dev_scores: list[np.ndarray] = []  # the latest epoch's dev cosines, for the Platt fit
+
+    def score_dev(model, tokenizer) -> dict:
+        dev_scores[:] = [cosines(model, tokenizer, dev_pairs, max_length=max_length, device=device,
+                                 autocast_dtype=autocast_dtype)]
+        return {"dev_auc": float(roc_auc_score(dev["label"], dev_scores[0]))}
+
     model, tokenizer, history = train_coverage_biencoder(
         base_model, groups, temperature=temperature, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, max_length=max_length, seed=seed, device=device, autocast_dtype=autocast_dtype,
-        progress=progress, after_epoch=lambda model, tokenizer: {
-            "dev_auc": float(roc_auc_score(dev["label"], cosines(model, tokenizer, dev_pairs, max_length=max_length,
-                                                                  device=device, autocast_dtype=autocast_dtype)))})
-    scores = cosines(model, tokenizer, dev_pairs, max_length=max_length, device=device, autocast_dtype=autocast_dtype)
+        progress=progress, after_epoch=score_dev)
+    scores = dev_scores[0]
     settings = {"base_model": base_model, "temperature": temperature, "epochs": epochs, "batch_size": batch_size,
                 "learning_rate": learning_rate, "max_negatives": max_negatives, "seed": seed,
                 "groups": len(groups), "dev_pairs": len(dev)}

@@ -112,3 +112,13 @@ def test_minilm_learns_argkp_key_point_matching_as_a_matcher():
     print(f"MiniLM matcher on ArgKP: dev ROC-AUC {untrained:.3f} -> {trained.dev_auc:.3f} "
           f"({trained.settings['groups']} matches, {time.perf_counter() - started:.0f} s)")
     assert trained.dev_auc >= untrained + 0.06
+
+
+def test_matcher_training_rejects_pairs_without_their_query_or_labels(tiny_model, small_pairs):
+    train, dev = small_pairs
+    with pytest.raises(ValueError, match=r"train pairs lack column\(s\) \['nugget_id'\]"):
+        train_matcher(tiny_model, train.drop(columns="nugget_id"), dev)
+    with pytest.raises(ValueError, match="no covered training pairs"):
+        train_matcher(tiny_model, train.assign(label=0), dev)
+    with pytest.raises(ValueError, match="has label 2"):
+        train_matcher(tiny_model, train, dev.assign(label=2))
