@@ -60,8 +60,10 @@ def gold_coverage_pairs(dataset: Dataset, split: str) -> pd.DataFrame:
     return pairs[columns].sort_values(["query_id", "nugget_id", "doc_id"]).reset_index(drop=True)
 
 
-def checked_pairs(pairs: pd.DataFrame, name: str, columns: Sequence[str] = PAIR_COLUMNS) -> pd.DataFrame:
-    """`pairs` with a fresh index, or a ValueError naming the missing column or the first bad label."""
+def checked_pairs(pairs: pd.DataFrame, name: str, columns: Sequence[str] = PAIR_COLUMNS,
+                  both_labels: bool = False) -> pd.DataFrame:
+    """`pairs` with a fresh index, or a ValueError naming the missing column, the first bad label, or (with
+    `both_labels`, as dev pairs for ROC-AUC need) the one label they all have."""
     missing = [c for c in columns if c not in pairs.columns]
     if missing:
         raise ValueError(f"{name} pairs lack column(s) {missing}; expected columns {list(columns)}")
@@ -71,6 +73,8 @@ def checked_pairs(pairs: pd.DataFrame, name: str, columns: Sequence[str] = PAIR_
     if bad.any():
         raise ValueError(f"{name} pairs: row {int(np.flatnonzero(bad.to_numpy())[0])} has label "
                          f"{pairs['label'][bad].tolist()[0]!r}; expected 0 or 1")
+    if both_labels and pairs["label"].nunique() < 2:
+        raise ValueError(f"{name} pairs have only label {pairs['label'].iloc[0]}; ROC-AUC needs both 0 and 1")
     return pairs.reset_index(drop=True)
 
 
@@ -90,9 +94,7 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     epoch's weights are kept."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    train, dev = checked_pairs(train, "train"), checked_pairs(dev, "dev")
-    if dev["label"].nunique() < 2:
-        raise ValueError(f"dev pairs have only label {dev['label'].iloc[0]}; ROC-AUC needs both 0 and 1")
+    train, dev = checked_pairs(train, "train"), checked_pairs(dev, "dev", both_labels=True)
     log = progress or (lambda message: None)
     settings = {"base_model": base_model, "max_length": max_length, "epochs": epochs, "batch_size": batch_size,
                 "learning_rate": learning_rate, "weight_decay": weight_decay, "warmup_ratio": warmup_ratio,

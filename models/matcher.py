@@ -102,7 +102,7 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
     """Fine-tune `base_model` (a bi-encoder) on the covered pairs of `train` (module docstring), then fit
     Platt scaling on all `dev` pairs. Same seed, same weights on CPU."""
     train = checked_pairs(train, "train", ("query_id", "nugget_id", *PAIR_COLUMNS))
-    dev = checked_pairs(dev, "dev")
+    dev = checked_pairs(dev, "dev", both_labels=True)
     groups = matching_groups(train, np.random.default_rng(seed), max_negatives)
     if not groups:
         raise ValueError("no covered training pairs; the matcher needs at least one (subquestion, document) match")

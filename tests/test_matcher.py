@@ -122,3 +122,5 @@ def test_matcher_training_rejects_pairs_without_their_query_or_labels(tiny_model
         train_matcher(tiny_model, train.assign(label=0), dev)
     with pytest.raises(ValueError, match="has label 2"):
         train_matcher(tiny_model, train, dev.assign(label=2))
+    with pytest.raises(ValueError, match="ROC-AUC needs both 0 and 1"):
+        train_matcher(tiny_model, train, dev[dev["label"] == 0])
