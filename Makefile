@@ -31,6 +31,7 @@ mlflow-ui: $(STAMP)  ## the MLflow UI on 127.0.0.1:$(MLFLOW_PORT): registered se
 bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to bench/results/)
 	$(BIN)/python bench/bm25_pools.py
 	$(BIN)/python bench/coverage_matrix.py
+	$(BIN)/python bench/estimator_matrix.py
 	$(BIN)/python bench/audit.py
 
 install: $(STAMP)
