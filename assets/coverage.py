@@ -12,7 +12,7 @@ from pydantic import Field
 from covlab.assets.model_registry import load_registered_model, register_trained_model
 from covlab.assets.partitions import DATASETS
 from covlab.models import prompts
-from covlab.models.biencoder import (coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
+from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
                                      save_biencoder, train_coverage_biencoder)
 from covlab.models.coverage import (POOL_SCORES, document_texts, estimate_coverage, gold_judgments,
                                     labelled_pairs, load_estimator_scorer, pool_pairs, queries_of, rated_judgments,
@@ -213,21 +213,15 @@ def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: 
     context.log.info(device.describe())
     evaluated = queries_of(queries, evaluation.splits)
     pool = bm25_pools.merge(evaluated[["query_id"]], on="query_id")
-    texts, torch_device = document_texts(corpus), device.torch_device()
+    query_texts = pool["query_id"].map(dict(zip(evaluated["query_id"], evaluated["text"])))
+    doc_texts, torch_device = pool["doc_id"].map(document_texts(corpus)), device.torch_device()
     scores = {}
     for column, path, anchor in (("relevance", config.relevance_model or default_base_model(), lambda q: q),
                                  ("coverage_trained", load_registered_model(coverage_biencoder, tracking, artifacts),
                                   lambda q: coverage_anchor(q, []))):
         model, tokenizer, _ = load_biencoder(path, torch_device)
-        query_vectors = encode(model, tokenizer, [anchor(t) for t in evaluated["text"]], batch_size=config.batch_size,
-                               max_length=config.max_length, device=torch_device)
-        doc_ids = sorted(set(pool["doc_id"]))
-        doc_vectors = encode(model, tokenizer, [texts[d] for d in doc_ids], batch_size=config.batch_size,
-                             max_length=config.max_length, device=torch_device)
-        row_of_query = {q: i for i, q in enumerate(evaluated["query_id"])}
-        row_of_doc = {d: i for i, d in enumerate(doc_ids)}
-        scores[column] = np.einsum("ij,ij->i", query_vectors[pool["query_id"].map(row_of_query).to_numpy()],
-                                   doc_vectors[pool["doc_id"].map(row_of_doc).to_numpy()])
+        scores[column] = cosines(model, tokenizer, list(zip(query_texts.map(anchor), doc_texts)),
+                                 batch_size=config.batch_size, max_length=config.max_length, device=torch_device)
     table = POOL_SCORES.conform(pool[["query_id", "doc_id"]].assign(**scores))
     return Output(table, metadata={"pairs": len(table), "queries": int(table["query_id"].nunique()),
                                    "splits": MetadataValue.json(evaluation.splits),

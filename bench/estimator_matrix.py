@@ -1,5 +1,5 @@
 """Coverage-matrix throughput of the two estimators on a real matrix: the cross-encoder (`score_pairs`,
-one forward pass per pair) against the bi-encoder matcher (`matcher.cosines`, one encoding per distinct
+one forward pass per pair) against the bi-encoder matcher (`biencoder.cosines`, one encoding per distinct
 text), each beside its sentence-transformers reference (`CrossEncoder.predict`; `SentenceTransformer.encode`
 of the distinct texts, then cosines), all on the packaged MiniLM and the same pairs, in one process.
 
@@ -31,10 +31,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from covlab.models.biencoder import load_biencoder  # noqa: E402
+from covlab.models.biencoder import cosines, load_biencoder  # noqa: E402
 from covlab.models.cross_encoder import gold_coverage_pairs, load_cross_encoder, score_pairs  # noqa: E402
 from covlab.models.encoders import default_base_model  # noqa: E402
-from covlab.models.matcher import cosines  # noqa: E402
 from covlab.resources.datasets import read_dataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -153,6 +153,21 @@ def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_
     return out
 
 
+def cosines(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64, max_length: int = 256,
+            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+    """Cosine of each (first, second) text pair, e.g. (query, document) or (subquestion, document);
+    every distinct text is encoded once."""
+    if not pairs:
+        return np.zeros(0, dtype=np.float64)
+    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+    vectors = encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
+                     autocast_dtype=autocast_dtype)
+    row = {text: i for i, text in enumerate(texts)}
+    firsts, seconds = zip(*pairs)
+    cosine = np.einsum("ij,ij->i", vectors[[row[t] for t in firsts]], vectors[[row[t] for t in seconds]])
+    return cosine.astype(np.float64)
+
+
 def _batch_loss(model, tokenizer, groups: Sequence[Group], temperature: float, max_length: int,
                 device: torch.device) -> torch.Tensor:
     """InfoNCE of one batch of groups: candidates are all groups' documents; a group's anchor does not see

@@ -26,7 +26,7 @@ import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from covlab.models.biencoder import Group, encode, load_biencoder, save_biencoder, train_coverage_biencoder
+from covlab.models.biencoder import Group, cosines, load_biencoder, save_biencoder, train_coverage_biencoder
 from covlab.models.cross_encoder import PAIR_COLUMNS, checked_pairs
 from covlab.models.encoders import CPU
 
@@ -80,20 +80,6 @@ def matching_groups(pairs: pd.DataFrame, rng: np.random.Generator, max_negatives
             groups.append(Group(query_id, (), pairs.at[positive, "subquestion"], int(positive), chosen,
                                 pairs.at[positive, "text"], tuple(pairs.loc[list(chosen), "text"])))
     return groups
-
-
-def cosines(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64, max_length: int = 256,
-            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None) -> np.ndarray:
-    """Cosine of each (subquestion, document) pair; every distinct text is encoded once."""
-    if not pairs:
-        return np.zeros(0, dtype=np.float64)
-    texts = list(dict.fromkeys(text for pair in pairs for text in pair))
-    vectors = encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
-                     autocast_dtype=autocast_dtype)
-    row = {text: i for i, text in enumerate(texts)}
-    firsts, seconds = zip(*pairs)
-    cosine = np.einsum("ij,ij->i", vectors[[row[t] for t in firsts]], vectors[[row[t] for t in seconds]])
-    return cosine.astype(np.float64)
 
 
 def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, temperature: float = 0.05,

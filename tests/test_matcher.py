@@ -10,11 +10,11 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from conftest import shared_dataset
-from covlab.models.biencoder import load_biencoder
+from covlab.models.biencoder import cosines, load_biencoder
 from covlab.models.coverage import load_estimator_scorer
 from covlab.models.cross_encoder import gold_coverage_pairs, save_cross_encoder
 from covlab.models.encoders import default_base_model
-from covlab.models.matcher import (PlattScaling, cosines, load_matcher_scorer, matching_groups, save_matcher,
+from covlab.models.matcher import (PlattScaling, load_matcher_scorer, matching_groups, save_matcher,
                                    train_matcher)
 from covlab.resources.datasets import read_dataset
 from tiny_bert import one_thread, save_tiny_bert
