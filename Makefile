@@ -32,6 +32,7 @@ bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to 
 	$(BIN)/python bench/bm25_pools.py
 	$(BIN)/python bench/coverage_matrix.py
 	$(BIN)/python bench/estimator_matrix.py
+	$(BIN)/python bench/pruned_matrix.py
 	$(BIN)/python bench/audit.py
 
 install: $(STAMP)

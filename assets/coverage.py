@@ -14,15 +14,16 @@ from covlab.assets.partitions import DATASETS
 from covlab.models import prompts
 from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
                                      save_biencoder, train_coverage_biencoder)
-from covlab.models.coverage import (POOL_SCORES, document_texts, estimate_coverage, gold_judgments,
-                                    labelled_pairs, load_estimator_scorer, pool_pairs, queries_of, rated_judgments,
-                                    save_estimator, training_pairs)
+from covlab.models.coverage import (POOL_SCORES, document_texts, estimate_coverage, estimate_coverage_pruned,
+                                    gold_judgments, labelled_pairs, load_estimator_scorer, load_first_stage,
+                                    pool_pairs, queries_of, rated_judgments, save_estimator, training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
 from covlab.models.matcher import train_matcher
 from covlab.models.encoders import default_base_model
 from covlab.models.subquestions import gold_subquestions, grounded_subquestions
+from covlab.models.windows import WindowSelection
 from covlab.resources.artifacts import ArtifactStore
-from covlab.resources.device import DeviceResource, gpu_step
+from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
 from covlab.resources.tracking import TrackingResource
@@ -41,6 +42,7 @@ class SubquestionConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.DECOMPOSE_VERSION}")
+@reports_peak_rss
 def subquestions(context: AssetExecutionContext, config: SubquestionConfig, queries: pd.DataFrame,
                  nuggets: pd.DataFrame, bm25_pools: pd.DataFrame, corpus: pd.DataFrame, llm: LLMResource,
                  device: DeviceResource) -> Output[pd.DataFrame]:
@@ -116,19 +118,28 @@ class EstimatorConfig(Config):
     base_model: str = Field("", description="HF model path or name to fine-tune (empty: packaged MiniLM; e.g. "
                                             "answerdotai/ModernBERT-base on a machine that has it)")
     max_length: int = Field(256, description="tokens per (subquestion, document) pair (1024 in the paper)")
+    window_selection: Literal["first", "bi_encoder"] = Field(
+        "bi_encoder", description="cross_encoder: what a pair longer than max_length reads of its document, in "
+                                  "training and in the estimated matrices. first: the first tokens; bi_encoder: "
+                                  "the overlapping token window most similar to the subquestion under the packaged "
+                                  "MiniLM (models/windows.py). Pairs that fit are unchanged")
+    window_stride: int = Field(64, description="tokens between the starts of consecutive windows")
     epochs: int = Field(3, description="most epochs; early stopping on dev ROC-AUC (bi_encoder: all run)")
     patience: int = Field(1, description="epochs without dev improvement before stopping")
     batch_size: int = Field(16, description="training batch size (bi_encoder: groups of a match and 7 non-matches)")
     learning_rate: float = Field(2e-5, description="AdamW learning rate")
     negatives_per_positive: float | None = Field(
-        3.0, description="uncovered pairs sampled per covered pair (train; None: all). Fewer negatives than the "
+        3.0, description="train pairs: every covered judged pair plus this many uncovered ones per covered pair, "
+                         "sampled (None: every judged pair); dev always uses every judged pair. The counts used "
+                         "(pairs, positives, negatives per split) are in the metadata. Fewer negatives than the "
                          "judged share inflate p and so what tau counts as covered")
     max_train_pairs: int | None = Field(None, description="cap on training pairs (None: all sampled pairs)")
     temperature: float = Field(0.05, description="bi_encoder: InfoNCE temperature")
     seed: int = Field(0, description="seed for sampling, initialisation and shuffling")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3", **gpu_step())
+@reports_peak_rss
 def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, coverage_judgments: pd.DataFrame,
                        subquestions: pd.DataFrame, nuggets: pd.DataFrame, corpus: pd.DataFrame,
                        device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
@@ -140,22 +151,32 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
     train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed,
                            config.max_train_pairs)
     dev = training_pairs(coverage_judgments, subqs, texts, "dev", None, config.seed)
+    sizes = {split: {"pairs": len(pairs), "positives": int(pairs["label"].sum()),
+                     "negatives": int((pairs["label"] == 0).sum())}
+             for split, pairs in (("train", train), ("dev", dev))}
+    context.log.info(f"training pairs: {sizes} (train negatives per positive: "
+                     f"{config.negatives_per_positive if config.negatives_per_positive is not None else 'all'})")
     common = dict(max_length=config.max_length, epochs=config.epochs, batch_size=config.batch_size,
                   learning_rate=config.learning_rate, seed=config.seed, device=device.torch_device(),
                   autocast_dtype=device.autocast_dtype(), progress=context.log.info)
     base_model = config.base_model or default_base_model()
     trained = (train_matcher(base_model, train, dev, temperature=config.temperature, **common)
                if config.architecture == "bi_encoder" else
-               train_cross_encoder(base_model, train, dev, patience=config.patience, **common))
+               train_cross_encoder(base_model, train, dev, patience=config.patience,
+                                   windows=WindowSelection(config.window_selection, config.window_stride), **common))
     with tempfile.TemporaryDirectory() as work:
         save_estimator(trained, work)
         model = register_trained_model(context, tracking, artifacts, "coverage_estimator", work,
                                        params=config.model_dump(),
                                        metrics={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
                                                 "train_pairs": len(train), "dev_pairs": len(dev)})
-    return Output(model, metadata={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
-                                   "history": MetadataValue.json(trained.history), "train_pairs": len(train),
-                                   "model_uri": model["uri"], "config": MetadataValue.json(config.model_dump())})
+    # dev_auc travels with the model record: the estimator gate of the selections reads it (assets/checks.py)
+    return Output({**model, "dev_auc": trained.dev_auc}, metadata={
+        "dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch, "history": MetadataValue.json(trained.history),
+        "train_pairs": len(train), "dev_pairs": len(dev), "pairs_per_split": MetadataValue.json(sizes),
+        "negatives_per_positive": (config.negatives_per_positive if config.negatives_per_positive is not None
+                                   else "all judged pairs"),
+        "model_uri": model["uri"], "config": MetadataValue.json(config.model_dump())})
 
 
 class BiencoderConfig(Config):
@@ -171,6 +192,7 @@ class BiencoderConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@reports_peak_rss
 def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, coverage_judgments: pd.DataFrame,
                        queries: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
                        corpus: pd.DataFrame, device: DeviceResource, tracking: TrackingResource,
@@ -204,6 +226,7 @@ class ScoringConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@reports_peak_rss
 def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: pd.DataFrame,
                 bm25_pools: pd.DataFrame, corpus: pd.DataFrame, coverage_biencoder: dict,
                 evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
@@ -230,37 +253,60 @@ def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: 
 
 class EstimationConfig(Config):
     batch_size: int = Field(64, description="pairs per inference batch")
+    prune_top_m: int | None = Field(
+        None, description="None: the estimator scores every (pool document, subquestion) pair. m: a bi-encoder "
+                          "first stage keeps each subquestion's m pool documents most similar to it and only "
+                          "those pairs are scored; the others get probability 0.0 (not covered)")
+    first_stage: str = Field("", description="the first stage's bi-encoder: a saved model path (e.g. the "
+                                             "coverage bi-encoder's) or HF name; empty: packaged MiniLM")
+    first_stage_max_length: int = Field(256, description="tokens per text for the first stage")
 
 
 def _estimated_matrix(context, config: EstimationConfig, pools: pd.DataFrame, subqs: pd.DataFrame,
                       queries: pd.DataFrame, corpus: pd.DataFrame, estimator: dict, evaluation: EvaluationResource,
                       device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output:
     context.log.info(device.describe())
+    torch_device, dtype = device.torch_device(), device.autocast_dtype()
     scorer = load_estimator_scorer(load_registered_model(estimator, tracking, artifacts), batch_size=config.batch_size,
-                                   device=device.torch_device(), autocast_dtype=device.autocast_dtype())
+                                   device=torch_device, autocast_dtype=dtype, progress=context.log.info)
     pairs = pool_pairs(pools, subqs, queries_of(queries, evaluation.splits)).drop(columns="split")
-    matrix = estimate_coverage(pairs, subqs, document_texts(corpus), scorer)
-    return Output(matrix, metadata={"pairs": len(matrix), "model_uri": estimator["uri"],
+    if config.prune_top_m is None:
+        matrix, scored = estimate_coverage(pairs, subqs, document_texts(corpus), scorer), len(pairs)
+    else:
+        embed = load_first_stage(config.first_stage or default_base_model(), batch_size=config.batch_size,
+                                 max_length=config.first_stage_max_length, device=torch_device,
+                                 autocast_dtype=dtype, progress=context.log.info)
+        matrix, kept = estimate_coverage_pruned(pairs, subqs, document_texts(corpus), scorer, embed,
+                                                config.prune_top_m)
+        scored = int(kept.sum())
+    context.log.info(f"estimated matrix: {scored} of {len(pairs)} pairs scored by the estimator")
+    return Output(matrix, metadata={"pairs": len(matrix), "pairs_scored": scored, "pairs_pruned": len(matrix) - scored,
+                                    "model_uri": estimator["uri"],
                                     "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
                                     "config": MetadataValue.json(config.model_dump())})
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@reports_peak_rss
 def estimated_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig, bm25_pools: pd.DataFrame,
                               subquestions: pd.DataFrame, queries: pd.DataFrame, corpus: pd.DataFrame,
                               coverage_estimator: dict, evaluation: EvaluationResource, device: DeviceResource,
                               tracking: TrackingResource, artifacts: ArtifactStore) -> Output[pd.DataFrame]:
-    """Estimated coverage probability of every (pool document, subquestion) of the evaluated splits."""
+    """Estimated coverage probability of every (pool document, subquestion) of the evaluated splits. With
+    prune_top_m set, only each subquestion's top-m pool documents under the first-stage bi-encoder are
+    scored; the other pairs hold probability 0.0 (counted as pairs_pruned in the metadata)."""
     return _estimated_matrix(context, config, bm25_pools, subquestions, queries, corpus, coverage_estimator,
                              evaluation, device, tracking, artifacts)
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@reports_peak_rss
 def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
                                    bm25_pools: pd.DataFrame, nuggets: pd.DataFrame, queries: pd.DataFrame,
                                    corpus: pd.DataFrame, coverage_estimator: dict, evaluation: EvaluationResource,
                                    device: DeviceResource, tracking: TrackingResource,
                                    artifacts: ArtifactStore) -> Output[pd.DataFrame]:
-    """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix."""
+    """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix (pruned as
+    estimated_coverage_matrix is, with pruned pairs at probability 0.0)."""
     return _estimated_matrix(context, config, bm25_pools, gold_subquestions(nuggets), queries, corpus,
                              coverage_estimator, evaluation, device, tracking, artifacts)

@@ -12,10 +12,12 @@ from covlab.models.dataset import content_hash
 from covlab.models.pools import merge_given_and_distractors
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.datasets import DatasetRegistry
+from covlab.resources.device import reports_peak_rss
 from covlab.resources.lucene import LuceneResource
 
 
 @asset(partitions_def=DATASETS, code_version="1", group_name="retrieval")
+@reports_peak_rss
 def bm25_index(context: AssetExecutionContext, corpus: pd.DataFrame, lucene: LuceneResource,
                artifacts: ArtifactStore) -> Output[dict]:
     """A pyserini Lucene index of the corpus (JsonCollection, DefaultLuceneDocumentGenerator, positions,
@@ -40,6 +42,7 @@ class PoolConfig(Config):
 
 
 @asset(partitions_def=DATASETS, code_version="1", group_name="retrieval")
+@reports_peak_rss
 def bm25_pools(context: AssetExecutionContext, config: PoolConfig, queries: pd.DataFrame,
                candidates: pd.DataFrame, bm25_index: dict, lucene: LuceneResource,
                datasets: DatasetRegistry) -> Output[pd.DataFrame]:

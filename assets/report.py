@@ -11,7 +11,8 @@ from pydantic import Field
 from covlab.assets.partitions import DATASETS
 from covlab.assets.selections import METHODS
 from covlab.models.report import PAPER_TABLE1, evaluate_selections, paired_against, table1
-from covlab.orchestration.lineage import audit_inputs, render_markdown  # the report shows its own lineage
+from covlab.models.selection import Trust, estimator_trusted
+from covlab.orchestration.lineage import REPORT_ID, audit_inputs, render_markdown  # the report shows its lineage
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import atomic_write
@@ -29,12 +30,16 @@ class ReportConfig(Config):
     seed: int = Field(0, description="bootstrap seed")
 
 
-def promote_if_better(tracking: TrackingResource, model: dict, dev_score: float, metric: str) -> tuple[bool, str]:
-    """Record `dev_score` on the candidate's run; move `champion` to it iff it scores >= the champion."""
+def promote_if_better(tracking: TrackingResource, model: dict, dev_score: float, metric: str,
+                      trust: Trust | None = None) -> tuple[bool, str]:
+    """Record `dev_score` on the candidate's run; move `champion` to it iff it passes its gate `trust` (the
+    coverage estimator's: `estimator_trusted`; None: no gate) and scores >= the champion."""
     candidate = ModelVersionRef(name=model["name"], version=int(model["version"]), uri=model["uri"],
                                 run_id=model["mlflow_run_id"], source=model["source"])
     key = "dev_" + metric.replace("@", "_at_")  # MLflow metric names allow no "@"
     tracking.log_metric(candidate, key, dev_score)
+    if trust is not None and not trust.trusted:
+        return False, f"{candidate.uri} is not promoted to champion: {trust.reason}"
     champion = tracking.version_for_alias(candidate.name, "champion")
     champion_score = tracking.metric(champion, key) if champion else None
     if champion is not None and champion.version == candidate.version:
@@ -81,14 +86,16 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
         "paired_vs_baseline": MetadataValue.md(paired.round(4).to_markdown() if len(paired) else "n/a"),
         "paper_table1_trec_rag_2024": MetadataValue.json(PAPER_TABLE1),
         "summary": MetadataValue.json({label: means.loc[label].to_dict() for label in means.index}),
-        "artifacts": MetadataValue.path(str(folder)), "results_store_report_id": stored,
+        "artifacts": MetadataValue.path(str(folder)), REPORT_ID: stored,
         "lineage": MetadataValue.md(render_markdown(lineage)),
         "config": MetadataValue.json(config.model_dump()), "settings": MetadataValue.json(evaluation.model_dump()),
     })
     dev = aggregates[(aggregates["split"] == evaluation.tune_split) & (aggregates["metric"] == metric)]
     dev_score = dict(zip(dev["method"], dev["value"]))
     for selector, method in PROMOTION_METHOD.items():
-        promoted, message = promote_if_better(tracking, models[selector], dev_score[method], metric)
+        trust = (estimator_trusted(models[selector]["dev_auc"], evaluation.min_estimator_dev_auc)
+                 if selector == "coverage_estimator" else None)
+        promoted, message = promote_if_better(tracking, models[selector], dev_score[method], metric, trust)
         context.log.info(message)
         yield AssetCheckResult(check_name=f"{selector}_champion", passed=promoted, severity=AssetCheckSeverity.WARN,
                                metadata={"decision": message, "dev_score": dev_score[method]})

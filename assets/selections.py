@@ -1,5 +1,7 @@
 """Selections, one asset per method: for every evaluated query, the k documents put into the context
-(query_id, rank, doc_id). All start from the same BM25 pool (METHODS.md §1)."""
+(query_id, rank, doc_id). All start from the same BM25 pool (METHODS.md §1). A method on estimated
+coverage is never meant to do worse than its fallback, the coverage bi-encoder order: below the estimator
+gate it selects in that order, and soft greedy only moves away from it as far as the tune split rewards."""
 
 from dataclasses import dataclass
 
@@ -8,7 +10,7 @@ from dagster import AssetIn, AssetKey, MetadataValue, Output, asset
 
 from covlab.assets.partitions import DATASETS
 from covlab.models.coverage import queries_of, rank_pool_by
-from covlab.models.selection import select_per_query
+from covlab.models.selection import choose_blend_weight, estimator_trusted, select_per_query
 from covlab.resources.evaluation import EvaluationResource
 
 
@@ -30,12 +32,14 @@ METHODS = [
     SelectionMethod("coverage_greedy", "greedy max-marginal coverage on the estimated matrix at tau, ties and "
                     "fill by the coverage bi-encoder (+ estimator and greedy)", "coverage_trained", "greedy",
                     "estimated_coverage_matrix"),
-    SelectionMethod("coverage_greedy_soft", "[chosen extension] soft greedy on the estimated probabilities",
+    SelectionMethod("coverage_greedy_soft", "[chosen extension] soft greedy on the estimated probabilities, blended "
+                    "with the coverage bi-encoder order by the weight chosen on the tune split",
                     "coverage_trained", "soft_greedy", "estimated_coverage_matrix"),
     SelectionMethod("gold_nugget_bound", "the pipeline with the gold nuggets as subquestions (gold nuggets)",
                     "coverage_trained", "greedy", "estimated_gold_coverage_matrix"),
     SelectionMethod("gold_nugget_bound_soft", "[chosen extension] soft greedy on the estimator's probabilities "
-                    "for the gold nuggets", "coverage_trained", "soft_greedy", "estimated_gold_coverage_matrix"),
+                    "for the gold nuggets, blended as coverage_greedy_soft", "coverage_trained", "soft_greedy",
+                    "estimated_gold_coverage_matrix"),
     SelectionMethod("oracle_greedy", "greedy on the gold coverage matrix (oracle greedy)", "coverage_trained",
                     "greedy", "nugget_links", gold=True),
 ]
@@ -48,22 +52,41 @@ def _ranked_pool(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, que
 
 
 def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None,
-               queries: pd.DataFrame, evaluation: EvaluationResource,
-               coverage: pd.DataFrame | None) -> Output[pd.DataFrame]:
+               queries: pd.DataFrame, evaluation: EvaluationResource, coverage: pd.DataFrame | None,
+               coverage_estimator: dict | None = None, nugget_links: pd.DataFrame | None = None
+               ) -> Output[pd.DataFrame]:
+    """One method's run. A method on estimated coverage first asks the estimator gate: below it, the pool
+    order (its fallback) is the selection. Soft greedy blends the estimate with that order by the weight
+    chosen on the tune split."""
     pool = _ranked_pool(bm25_pools, pool_scores, queries, evaluation, spec.ranking)
     columns = ("nugget_id", "grade", 1.0) if spec.gold else ("subq_id", "probability", evaluation.tau)
-    selected = select_per_query(pool, spec.method, evaluation.k, coverage, nugget_column=columns[0],
-                                value_column=columns[1], threshold=columns[2])
-    return Output(selected, metadata={"queries": int(selected["query_id"].nunique()), "k": evaluation.k,
-                                      "method": spec.method, "ordered_by": spec.ranking or "bm25",
-                                      "settings": MetadataValue.json(evaluation.model_dump())})
+    metadata = {"k": evaluation.k, "method": spec.method, "ordered_by": spec.ranking or "bm25",
+                "settings": MetadataValue.json(evaluation.model_dump())}
+    method, weight = spec.method, 1.0
+    if coverage_estimator is not None:
+        trust = estimator_trusted(coverage_estimator["dev_auc"], evaluation.min_estimator_dev_auc)
+        metadata.update(fell_back=not trust.trusted, estimator_gate=trust.reason,
+                        estimator_dev_auc=float(coverage_estimator["dev_auc"]))
+        if not trust.trusted:
+            method = "relevance"
+    if method == "soft_greedy":
+        choice = choose_blend_weight(pool, queries, evaluation.tune_split, coverage, nugget_links,
+                                     evaluation.blend_weights, evaluation.k, evaluation.alpha, *columns[:2])
+        weight = choice.weight
+        metadata.update(blend_weight=weight, blend=MetadataValue.json(choice.evidence()))
+    selected = select_per_query(pool, method, evaluation.k, coverage, nugget_column=columns[0],
+                                value_column=columns[1], threshold=columns[2], weight=weight)
+    return Output(selected, metadata={"queries": int(selected["query_id"].nunique()), **metadata})
 
 
-def selection_asset(spec: SelectionMethod, code_version: str = "1"):
-    """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, and a
-    covering method also its coverage matrix."""
+def selection_asset(spec: SelectionMethod, code_version: str | None = None):
+    """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, a covering
+    method also its coverage matrix; one on estimated coverage also the estimator (its gate), and soft
+    greedy the gold nugget links (its blend weight is chosen on the tune split)."""
+    estimated = spec.coverage is not None and not spec.gold
     common = dict(name=f"selection_{spec.name}", partitions_def=DATASETS, group_name="selections",
-                  code_version=code_version, description=f"Selection: {spec.description}.")
+                  code_version=code_version or ("2" if estimated else "1"),
+                  description=f"Selection: {spec.description}.")
     if spec.ranking is None and spec.coverage is None:
         @asset(**common)
         def pooled(bm25_pools: pd.DataFrame, queries: pd.DataFrame,
@@ -80,12 +103,32 @@ def selection_asset(spec: SelectionMethod, code_version: str = "1"):
 
         return ranked
 
-    @asset(ins={"coverage": AssetIn(key=AssetKey(spec.coverage))}, **common)
-    def covering(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
-                 coverage: pd.DataFrame, evaluation: EvaluationResource) -> Output[pd.DataFrame]:
-        return _selection(spec, bm25_pools, pool_scores, queries, evaluation, coverage)
+    coverage_in = {"coverage": AssetIn(key=AssetKey(spec.coverage))}
+    if not estimated:
+        @asset(ins=coverage_in, **common)
+        def covering(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+                     coverage: pd.DataFrame, evaluation: EvaluationResource) -> Output[pd.DataFrame]:
+            return _selection(spec, bm25_pools, pool_scores, queries, evaluation, coverage)
 
-    return covering
+        return covering
+
+    if spec.method != "soft_greedy":
+        @asset(ins=coverage_in, **common)
+        def gated(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+                  coverage: pd.DataFrame, coverage_estimator: dict,
+                  evaluation: EvaluationResource) -> Output[pd.DataFrame]:
+            return _selection(spec, bm25_pools, pool_scores, queries, evaluation, coverage, coverage_estimator)
+
+        return gated
+
+    @asset(ins=coverage_in, **common)
+    def blended(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+                coverage: pd.DataFrame, coverage_estimator: dict, nugget_links: pd.DataFrame,
+                evaluation: EvaluationResource) -> Output[pd.DataFrame]:
+        return _selection(spec, bm25_pools, pool_scores, queries, evaluation, coverage, coverage_estimator,
+                          nugget_links)
+
+    return blended
 
 
 SELECTION_ASSETS = [selection_asset(spec) for spec in METHODS]

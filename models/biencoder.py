@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from covlab.models.encoders import (CPU, OptimizerSteps, autocast, collate, length_sorted_batches, mean_pool, read_info,
-                                    run_batches, save_model_directory, seeded, tokenize)
+from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches, mean_pool,
+                                    read_info, run_batches, save_model_directory, seeded, tokenize)
 
 COVERED_MARKER = "[COVERED]"
 NOTHING_COVERED = "none"
@@ -136,9 +136,10 @@ def _embed(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_length: int = 256,
            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
-           streams: int | None = None) -> np.ndarray:
+           streams: int | None = None, progress: Callable[[str], None] | None = None) -> np.ndarray:
     """Unit-length mean-pooled embeddings (n_texts, hidden) in input order; texts tokenized once,
-    length-sorted, dynamically padded and run as score_pairs runs them."""
+    length-sorted, dynamically padded and run as score_pairs runs them; `progress` gets done/total,
+    rate and ETA messages (encoders.Progress)."""
     out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
     if not texts:
         return out
@@ -149,19 +150,21 @@ def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_
         with torch.inference_mode(), autocast(device, autocast_dtype):
             out[batch] = _embed(model, collate(tokenized, batch, device)).cpu().numpy()
 
-    run_batches(length_sorted_batches(tokenized.lengths, batch_size), embed, device, streams)
+    run_batches(length_sorted_batches(tokenized.lengths, batch_size), embed, device, streams,
+                Progress("bi-encoder: encoding texts", len(texts), progress, unit="texts"))
     return out
 
 
 def cosines(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64, max_length: int = 256,
-            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None) -> np.ndarray:
+            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
+            progress: Callable[[str], None] | None = None) -> np.ndarray:
     """Cosine of each (first, second) text pair, e.g. (query, document) or (subquestion, document);
     every distinct text is encoded once."""
     if not pairs:
         return np.zeros(0, dtype=np.float64)
     texts = list(dict.fromkeys(text for pair in pairs for text in pair))
     vectors = encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
-                     autocast_dtype=autocast_dtype)
+                     autocast_dtype=autocast_dtype, progress=progress)
     row = {text: i for i, text in enumerate(texts)}
     firsts, seconds = zip(*pairs)
     cosine = np.einsum("ij,ij->i", vectors[[row[t] for t in firsts]], vectors[[row[t] for t in seconds]])
@@ -213,10 +216,12 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
         for epoch in range(1, epochs + 1):
             model.train()
             losses = []
+            tracker = Progress(f"bi-encoder epoch {epoch}/{epochs}", len(groups), progress, unit="groups")
             for batch in torch.randperm(len(groups), generator=shuffle).split(batch_size):
                 with autocast(device, autocast_dtype):
                     loss = _batch_loss(model, tokenizer, [groups[i] for i in batch], temperature, max_length, device)
                 losses.append(steps.step(loss))
+                tracker.update(len(batch))
             history.append({"epoch": epoch, "train_loss": float(np.mean(losses))})
             if after_epoch is not None:
                 model.eval()

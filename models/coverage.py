@@ -44,13 +44,18 @@ def pool_pairs(pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.Data
     return pairs.sort_values(["query_id", "rank", "subq_id"]).drop(columns="rank").reset_index(drop=True)
 
 
+def gold_labels(pairs: pd.DataFrame, nugget_links: pd.DataFrame) -> np.ndarray:
+    """Whether each (query_id, doc_id, subq_id = nugget id) pair is linked with a grade > 0."""
+    linked = set(map(tuple, nugget_links.loc[nugget_links["grade"] > 0, ["query_id", "doc_id", "nugget_id"]]
+                     .itertuples(index=False)))
+    return np.array([(q, d, s) in linked for q, d, s in pairs[["query_id", "doc_id", "subq_id"]]
+                     .itertuples(index=False)], dtype=bool)
+
+
 def gold_judgments(pairs: pd.DataFrame, nugget_links: pd.DataFrame) -> pd.DataFrame:
     """Judge (pool document, nugget) pairs by the dataset's links ([chosen]: rating 5 if linked, else 0);
     pairs' subq_id must be nugget ids."""
-    linked = set(map(tuple, nugget_links.loc[nugget_links["grade"] > 0, ["query_id", "doc_id", "nugget_id"]]
-                     .itertuples(index=False)))
-    covered = np.array([(q, d, s) in linked for q, d, s in pairs[["query_id", "doc_id", "subq_id"]]
-                        .itertuples(index=False)], dtype=bool)
+    covered = gold_labels(pairs, nugget_links)
     return JUDGMENTS.conform(pairs.assign(covered=covered, rating=np.where(covered, GOLD_RATING[1], GOLD_RATING[0])))
 
 
@@ -97,6 +102,41 @@ def estimate_coverage(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: di
     return COVERAGE_MATRIX.conform(pairs.assign(probability=np.asarray(probabilities, dtype=np.float64)))
 
 
+def first_stage_keep(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str],
+                     embed: Callable[[list[str]], np.ndarray], top_m: int) -> np.ndarray:
+    """Which pairs a cheap first stage keeps [chosen]: each subquestion's `top_m` pool documents by cosine
+    under a bi-encoder (`embed`: texts -> unit vectors), ties by pair order (pool rank). Every distinct
+    subquestion and document text is encoded once. Returns a boolean mask over `pairs`' rows."""
+    if top_m < 1:
+        raise ValueError(f"prune_top_m must be >= 1, got {top_m}")
+    text_of_subq = dict(zip(subquestions["subq_id"], subquestions["text"]))
+    questions, documents = pairs["subq_id"].map(text_of_subq), pairs["doc_id"].map(texts)
+    distinct = list(dict.fromkeys([*questions, *documents]))
+    vectors = embed(distinct)
+    row = {text: i for i, text in enumerate(distinct)}
+    cosine = np.einsum("ij,ij->i", vectors[questions.map(row).to_numpy()], vectors[documents.map(row).to_numpy()])
+    ordered = pairs[["query_id", "subq_id"]].assign(negative=-cosine, order=np.arange(len(pairs)))
+    ordered = ordered.sort_values(["query_id", "subq_id", "negative", "order"], kind="stable")
+    keep = np.zeros(len(pairs), dtype=bool)
+    keep[ordered["order"].to_numpy()[ordered.groupby(["query_id", "subq_id"]).cumcount().to_numpy() < top_m]] = True
+    return keep
+
+
+def estimate_coverage_pruned(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str],
+                             score: Callable[[list[tuple[str, str]]], np.ndarray],
+                             embed: Callable[[list[str]], np.ndarray], top_m: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """The estimated coverage matrix with a first stage [chosen]: the estimator scores only the pairs that
+    `first_stage_keep` keeps (each subquestion's top_m documents by bi-encoder cosine); every other pair
+    gets probability 0.0, i.e. counts as not covered without being scored. Returns (matrix over all
+    `pairs`, the kept mask). Kept pairs get exactly the probability the full matrix gives them."""
+    keep = first_stage_keep(pairs, subquestions, texts, embed, top_m)
+    probability = np.zeros(len(pairs), dtype=np.float64)
+    kept = pairs[keep]
+    if len(kept):
+        probability[keep] = estimate_coverage(kept, subquestions, texts, score)["probability"].to_numpy()
+    return COVERAGE_MATRIX.conform(pairs.assign(probability=probability)), keep
+
+
 def save_estimator(trained, directory: str) -> None:
     """Save a trained estimator, cross-encoder or bi-encoder matcher, where load_estimator_scorer reads it."""
     from covlab.models import cross_encoder, matcher
@@ -107,20 +147,41 @@ def save_estimator(trained, directory: str) -> None:
         cross_encoder.save_cross_encoder(trained, None, directory)
 
 
-def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_dtype=None
+def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_dtype=None,
+                          progress: Callable[[str], None] | None = None
                           ) -> Callable[[list[tuple[str, str]]], np.ndarray]:
     """A saved coverage estimator, cross-encoder or bi-encoder matcher (by its covlab.json kind), as a
-    function from (subquestion, document) pairs to coverage probabilities."""
+    function from (subquestion, document) pairs to coverage probabilities. A cross-encoder reads long
+    documents as it was trained to (its saved window selection, models/windows.py)."""
     from covlab.models import cross_encoder, matcher
     from covlab.models.encoders import read_info
+    from covlab.models.windows import WindowSelection, select_windows
 
     if read_info(directory).get("kind") == matcher.KIND:
         return matcher.load_matcher_scorer(directory, batch_size=batch_size, device=device,
-                                           autocast_dtype=autocast_dtype)
+                                           autocast_dtype=autocast_dtype, progress=progress)
     model, tokenizer, info = cross_encoder.load_cross_encoder(directory, device)
-    return lambda pairs: cross_encoder.score_pairs(model, tokenizer, pairs, batch_size=batch_size,
-                                                   max_length=info.get("max_length", 256), device=device,
-                                                   autocast_dtype=autocast_dtype)
+    max_length, windows = info.get("max_length", 256), WindowSelection.from_info(info.get("windows"))
+
+    def score(pairs: list[tuple[str, str]]) -> np.ndarray:
+        read = select_windows(pairs, tokenizer, max_length, windows, batch_size=batch_size, device=device,
+                              autocast_dtype=autocast_dtype, progress=progress)
+        return cross_encoder.score_pairs(model, tokenizer, [(q, t) for (q, _), t in zip(pairs, read)],
+                                         batch_size=batch_size, max_length=max_length, device=device,
+                                         autocast_dtype=autocast_dtype, progress=progress)
+
+    return score
+
+
+def load_first_stage(path_or_name: str, *, batch_size: int, max_length: int, device, autocast_dtype=None,
+                     progress: Callable[[str], None] | None = None) -> Callable[[list[str]], np.ndarray]:
+    """A bi-encoder (any saved one, e.g. the coverage bi-encoder, or a Hugging Face path or name) as the
+    first stage of `estimate_coverage_pruned`: texts -> unit vectors."""
+    from covlab.models.biencoder import encode, load_biencoder
+
+    model, tokenizer, _ = load_biencoder(path_or_name, device)
+    return lambda texts: encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
+                                autocast_dtype=autocast_dtype, progress=progress)
 
 
 def rank_pool_by(pools: pd.DataFrame, scores: pd.DataFrame, column: str) -> pd.DataFrame:

@@ -5,7 +5,8 @@ Training [chosen details]: binary cross-entropy on the logit, AdamW with linear 
 stopping on dev ROC-AUC keeping the best epoch's weights; batches are shuffled but hold pairs of similar
 length (encoders.shuffled_length_batches), which on ArgKP spares a third of the padded compute. Labels are
 [rating >= 4] of the judged pairs (or gold nugget links, `gold_coverage_pairs`). On CPU the same seed gives
-bit-identical weights.
+bit-identical weights. A pair longer than max_length reads its document's best window (models/windows.py)
+when a WindowSelection is given; the selection is saved with the model, so scoring reads the same way.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from covlab.models.dataset import Dataset
-from covlab.models.encoders import (CPU, OptimizerSteps, autocast, collate, length_sorted_batches, read_info,
-                                    run_batches, save_model_directory, seeded, shuffled_length_batches, tokenize)
+from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches,
+                                    read_info, run_batches, save_model_directory, seeded, shuffled_length_batches,
+                                    tokenize)
+from covlab.models.windows import WindowSelection, select_windows
 
 PAIR_COLUMNS = ("subquestion", "text", "label")
 
@@ -38,6 +41,7 @@ class TrainedCrossEncoder:
     dev_auc: float = float("nan")
     max_length: int = 256
     settings: dict = field(default_factory=dict)  # base model and hyperparameters, for covlab.json
+    windows: WindowSelection = field(default_factory=lambda: WindowSelection(mode="first"))
 
 
 def gold_coverage_pairs(dataset: Dataset, split: str) -> pd.DataFrame:
@@ -84,6 +88,7 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
                         seed: int = 0, device: torch.device = CPU,
                         pos_weight: float | None = None, max_grad_norm: float = 1.0,
                         eval_batch_size: int = 64, autocast_dtype: torch.dtype | None = None,
+                        windows: WindowSelection | None = None,
                         progress: Callable[[str], None] | None = None) -> TrainedCrossEncoder:
     """Fine-tune `base_model` (any Hugging Face encoder path or name) with a fresh one-logit head.
 
@@ -91,17 +96,24 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     class imbalance; default none, the probabilities then stay calibrated for tau). Schedule: linear
     warmup over `warmup_ratio` of the planned steps, then linear decay. After each epoch the dev pairs
     are scored; training stops once dev ROC-AUC has not improved for `patience` epochs and the best
-    epoch's weights are kept."""
+    epoch's weights are kept. With `windows`, pairs longer than `max_length` read the selected window of
+    their document (train and dev alike); without, they are truncated. `progress` gets each epoch's
+    done/total, rate and ETA (encoders.Progress) and its dev ROC-AUC."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     train, dev = checked_pairs(train, "train"), checked_pairs(dev, "dev", both_labels=True)
     log = progress or (lambda message: None)
+    windows = windows or WindowSelection(mode="first")
     settings = {"base_model": base_model, "max_length": max_length, "epochs": epochs, "batch_size": batch_size,
                 "learning_rate": learning_rate, "weight_decay": weight_decay, "warmup_ratio": warmup_ratio,
                 "patience": patience, "seed": seed, "pos_weight": pos_weight, "max_grad_norm": max_grad_norm,
                 "train_pairs": len(train), "dev_pairs": len(dev)}
     with seeded(seed, device) as shuffle:
         tokenizer = AutoTokenizer.from_pretrained(base_model)
+        train, dev = (frame.assign(text=select_windows(list(zip(frame["subquestion"], frame["text"])), tokenizer,
+                                                       max_length, windows, batch_size=eval_batch_size, device=device,
+                                                       autocast_dtype=autocast_dtype, progress=progress))
+                      for frame in (train, dev))
         model = AutoModelForSequenceClassification.from_pretrained(base_model, num_labels=1).to(device)
         tokenized = tokenize(tokenizer, train["subquestion"], train["text"], max_length)
         labels = torch.tensor(train["label"].to_numpy(), dtype=torch.float32)
@@ -112,18 +124,20 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
         loss_fn = torch.nn.BCEWithLogitsLoss(
             pos_weight=None if pos_weight is None else torch.tensor([pos_weight], device=device))
         trained = TrainedCrossEncoder(model, tokenizer, max_length=max_length, settings=settings,
-                                      dev_auc=-math.inf)
+                                      dev_auc=-math.inf, windows=windows)
         best_state, stale = None, 0
         for epoch in range(1, epochs + 1):
             model.train()
             total = 0.0
+            tracker = Progress(f"cross-encoder epoch {epoch}/{epochs}", len(train), progress, unit="pairs")
             for batch in shuffled_length_batches(tokenized.lengths, batch_size, shuffle):
                 with autocast(device, autocast_dtype):
                     logits = model(**collate(tokenized, batch.numpy(), device)).logits[:, 0]
                 total += steps.step(loss_fn(logits.float(), labels[batch].to(device))) * len(batch)
+                tracker.update(len(batch))
             model.eval()
             probs = score_pairs(model, tokenizer, dev_pairs, batch_size=eval_batch_size, max_length=max_length,
-                                device=device, autocast_dtype=autocast_dtype)
+                                device=device, autocast_dtype=autocast_dtype, progress=progress)
             auc = float(roc_auc_score(dev["label"], probs))
             trained.history.append({"epoch": epoch, "train_loss": total / len(train), "dev_auc": auc})
             log(f"cross-encoder epoch {epoch}/{epochs}: train loss {total / len(train):.4f}, dev ROC-AUC {auc:.4f}")
@@ -142,12 +156,13 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
 
 def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
                 max_length: int = 256, device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
-                streams: int | None = None) -> np.ndarray:
+                streams: int | None = None, progress: Callable[[str], None] | None = None) -> np.ndarray:
     """Coverage probabilities sigmoid(logit) of (subquestion, document) pairs, in input order.
 
     All pairs are tokenized in one call, sorted by token length and batched with dynamic padding, so a
     batch costs what its own texts cost; under inference_mode, with autocast where `autocast_dtype` is
-    given (CUDA). On CPU, `streams` threads score whole batches side by side (encoders.run_batches)."""
+    given (CUDA). On CPU, `streams` threads score whole batches side by side (encoders.run_batches).
+    `progress` gets done/total, rate and ETA messages (encoders.Progress)."""
     if not pairs:
         return np.zeros(0, dtype=np.float32)
     firsts, seconds = zip(*pairs)
@@ -160,7 +175,8 @@ def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_siz
             logits = model(**collate(tokenized, batch, device)).logits[:, 0]
             probs[batch] = torch.sigmoid(logits.float()).cpu().numpy()
 
-    run_batches(length_sorted_batches(tokenized.lengths, batch_size), score, device, streams)
+    run_batches(length_sorted_batches(tokenized.lengths, batch_size), score, device, streams,
+                Progress("cross-encoder: scoring pairs", len(pairs), progress, unit="pairs"))
     return probs
 
 
@@ -171,12 +187,14 @@ def covered(probs: np.ndarray, tau: float) -> np.ndarray:
 
 def save_cross_encoder(trained_or_model: TrainedCrossEncoder | torch.nn.Module, tokenizer,
                        directory: str | os.PathLike, *, max_length: int | None = None) -> Path:
-    """Save weights (safetensors), tokenizer and covlab.json (max_length and the training summary).
+    """Save weights (safetensors), tokenizer and covlab.json (max_length, window selection and the training
+    summary).
     A TrainedCrossEncoder brings its own tokenizer and max_length (pass tokenizer=None); a bare model
     needs both."""
     if isinstance(trained_or_model, TrainedCrossEncoder):
         trained = trained_or_model
         info = {"kind": "cross_encoder", "max_length": max_length or trained.max_length,
+                "windows": trained.windows.to_info(),
                 "training": {"history": trained.history, "best_epoch": trained.best_epoch,
                              "dev_auc": trained.dev_auc, **trained.settings}}
         return save_model_directory(trained.model, tokenizer or trained.tokenizer, directory, info)

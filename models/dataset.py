@@ -7,6 +7,7 @@ the blocking asset checks report them per table in the Dagster UI.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -16,6 +17,24 @@ from covlab.models.schemas import (CANDIDATES, CORPUS, DatasetError, NUGGET_LINK
 
 TABLES: dict[str, Schema] = {s.name: s for s in (CORPUS, QUERIES, NUGGETS, NUGGET_LINKS, QRELS, CANDIDATES)}
 EVALUATED_SPLITS = ("dev", "test")
+# Longest document title or text accepted, in characters. The BM25 index is built by Anserini, whose JSON
+# reader (Jackson) refuses a string over 20,000,000 UTF-16 units and drops that document from the index; a
+# title and a text of 1,000,000 characters each stay far below it even as surrogate pairs, and far beyond
+# the 512 tokens the rankers read.
+MAX_DOCUMENT_CHARS = 1_000_000
+# A dataset name is a partition key, a folder name under every store and part of MLflow model names, so it
+# is one plain path segment: lowercase letters, digits, "_" and "-", at most 64 characters.
+DATASET_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+
+
+def check_dataset_name(name: object) -> str:
+    """`name` if it follows DATASET_NAME, else DatasetError saying what a name must look like."""
+    if not isinstance(name, str) or not DATASET_NAME.fullmatch(name):
+        shown = (f"{name[:40]!r}... ({len(name)} characters)" if isinstance(name, str) and len(name) > 80
+                 else repr(name))
+        raise DatasetError(f"dataset name {shown} is not allowed; expected 1-64 characters of a-z, 0-9, '_' "
+                           "and '-', starting with a letter or digit (it becomes a folder and partition name)")
+    return name
 
 
 @dataclass(frozen=True)
@@ -88,13 +107,22 @@ def _empty_text(frame: pd.DataFrame, column: str, origin: Origin) -> list[str]:
     return [f"{origin.at(i)}: empty {column}" for i in frame.index[empty]]
 
 
+def _oversized_text(frame: pd.DataFrame, column: str, origin: Origin) -> list[str]:
+    lengths = frame[column].str.len().fillna(0)
+    return [f"{origin.at(i)}: {column} has {lengths[i]:,} characters; expected at most {MAX_DOCUMENT_CHARS:,} "
+            "per document (MAX_DOCUMENT_CHARS, under the BM25 indexer's string limit)"
+            for i in frame.index[lengths > MAX_DOCUMENT_CHARS]]
+
+
 def table_problems(ds: Dataset, name: str, coverage: bool = True) -> list[str]:
-    """Every integrity problem of one table: ids unique, references resolve, texts non-empty, and (with
-    `coverage`) every evaluated query has a nugget, which only the coverage pipeline needs."""
+    """Every integrity problem of one table: ids unique, references resolve, texts non-empty, documents
+    within MAX_DOCUMENT_CHARS, and (with `coverage`) every evaluated query has a nugget, which only the
+    coverage pipeline needs."""
     frame, origin, schema = ds.table(name), ds.origin(name), TABLES[name]
     problems = _duplicates(frame, schema.key, origin)
     if name == "corpus":
         problems += _empty_text(frame, "text", origin)
+        problems += _oversized_text(frame, "title", origin) + _oversized_text(frame, "text", origin)
     elif name == "queries":
         problems += _empty_text(frame, "text", origin)
         bad = ~frame["split"].isin(SPLITS)

@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -101,20 +103,78 @@ def shuffled_length_batches(lengths: np.ndarray, batch_size: int, generator: tor
     return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
 
 
+class Progress:
+    """Progress of a long step (`done/total`, rate, ETA) sent to `log` at a bounded frequency: when
+    `interval_s` seconds have passed since the last message or the count reaches a new 1/`steps` of
+    the total, whichever comes first, and once at the end. Thread-safe (run_batches' streams share one).
+
+        "scoring pairs: 1200/6000 (20%), 85.3 pairs/s, ETA 56s"
+    """
+
+    def __init__(self, label: str, total: int, log: Callable[[str], None] | None, *, unit: str = "items",
+                 interval_s: float = 10.0, steps: int = 10, clock: Callable[[], float] = time.monotonic):
+        self.label, self.total, self.log, self.unit = label, total, log, unit
+        self.interval_s, self.steps, self.clock = interval_s, steps, clock
+        self.done = 0
+        self.started = self.last_time = clock()
+        self.last_step = 0
+        self.lock = threading.Lock()
+
+    def update(self, count: int) -> None:
+        """Count `count` more items done; send a message when one is due."""
+        if self.log is None:
+            return
+        with self.lock:
+            self.done += count
+            now = self.clock()
+            step = self.done * self.steps // self.total if self.total else 0
+            if self.done < self.total and step == self.last_step and now - self.last_time < self.interval_s:
+                return
+            self.last_step, self.last_time = step, now
+            message = self.message(now)
+        self.log(message)
+
+    def message(self, now: float) -> str:
+        elapsed = now - self.started
+        rate = self.done / elapsed if elapsed > 0 else float("inf")
+        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        share = self.done / self.total if self.total else 1.0
+        return (f"{self.label}: {self.done}/{self.total} ({share:.0%}), {rate:.1f} {self.unit}/s, "
+                f"ETA {_duration(left)}")
+
+
+def _duration(seconds: float) -> str:
+    """`seconds` as 42s, 3m05s or 1h02m."""
+    if not np.isfinite(seconds):
+        return "unknown"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def run_batches(batches: Sequence[np.ndarray], work: Callable[[np.ndarray], None], device: torch.device,
-                streams: int | None = None) -> None:
+                streams: int | None = None, progress: Progress | None = None) -> None:
     """Call `work` on every batch. On CPU, `streams` worker threads (default: torch's thread count) each
     take whole batches with one intra-op thread: parallelism across batches instead of splitting every
     small op across the cores, which costs a barrier per op and stalls whenever another process holds a
     core (bench/coverage_matrix.py measures it). inference_mode and autocast are thread-local: `work`
-    enters them itself. On CUDA the batches run in order."""
+    enters them itself. On CUDA the batches run in order. `progress` counts each batch's items when done."""
     streams = 1 if device.type != "cpu" else (streams or torch.get_num_threads())
+
+    def tracked(batch: np.ndarray) -> None:
+        work(batch)
+        if progress is not None:
+            progress.update(len(batch))
+
     if streams == 1 or len(batches) == 1:
         for batch in batches:
-            work(batch)
+            tracked(batch)
         return
     with ThreadPoolExecutor(streams, initializer=torch.set_num_threads, initargs=(1,)) as pool:
-        for _ in pool.map(work, batches):  # re-raises the first error of a batch
+        for _ in pool.map(tracked, batches):  # re-raises the first error of a batch
             pass
 
 

@@ -99,7 +99,7 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
 
     def score_dev(model, tokenizer) -> dict:
         dev_scores[:] = [cosines(model, tokenizer, dev_pairs, max_length=max_length, device=device,
-                                 autocast_dtype=autocast_dtype)]
+                                 autocast_dtype=autocast_dtype, progress=progress)]
         return {"dev_auc": float(roc_auc_score(dev["label"], dev_scores[0]))}
 
     model, tokenizer, history = train_coverage_biencoder(
@@ -123,7 +123,8 @@ def save_matcher(trained: TrainedMatcher, directory: str | os.PathLike):
 
 
 def load_matcher_scorer(directory: str | os.PathLike, *, batch_size: int = 64, device: torch.device = CPU,
-                        autocast_dtype: torch.dtype | None = None) -> Callable[[Sequence[tuple[str, str]]], np.ndarray]:
+                        autocast_dtype: torch.dtype | None = None, progress: Callable[[str], None] | None = None
+                        ) -> Callable[[Sequence[tuple[str, str]]], np.ndarray]:
     """The saved matcher as a scorer: (subquestion, document) pairs -> coverage probabilities."""
     model, tokenizer, info = load_biencoder(directory, device)
     if info.get("kind") != KIND:
@@ -131,4 +132,4 @@ def load_matcher_scorer(directory: str | os.PathLike, *, batch_size: int = 64, d
     calibration = PlattScaling(**info["training"]["calibration"])
     return lambda pairs: calibration(cosines(model, tokenizer, pairs, batch_size=batch_size,
                                              max_length=info["max_length"], device=device,
-                                             autocast_dtype=autocast_dtype))
+                                             autocast_dtype=autocast_dtype, progress=progress))

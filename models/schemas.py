@@ -49,6 +49,9 @@ def _cast(series: pd.Series, dtype: str) -> pd.Series:
         return series.astype(str).astype("string")
     if dtype == "int64":
         numeric = pd.to_numeric(series, errors="raise")
+        # Checked before the cast, which raises OverflowError on large Python ints and wraps floats and uint64.
+        if ((numeric < -2**63) | (numeric >= 2**63)).any():
+            raise ValueError("outside the 64-bit signed integer range")
         if numeric.isna().any() or (numeric != numeric.round()).any():
             raise ValueError("not an integer")
         return numeric.astype("int64")

@@ -1,16 +1,24 @@
 """Coverage-aware context selection (METHODS.md §1): greedy max-marginal coverage, its soft extension,
-relevance order, and the per-query driver that turns a pool and a coverage table into a run.
+relevance order, and the per-query driver that turns a pool and a coverage table into a run; and how far
+a selection may trust the coverage estimate it reads (the blend with the fallback order, tuned on dev, and
+the estimator's trust gate).
 
 Conventions shared by every selector here: a selection is an array of distinct document indices in
 selection order; `tie_break` is a score per document (higher first, then lower index), which is also the
-order in which the remaining documents fill the selection once nothing adds coverage.
+order in which the remaining documents fill the selection once nothing adds coverage. That order is the
+selection's fallback: what it returns when the estimate carries no information.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
 import numpy as np
 import pandas as pd
 
+from covlab.models.metrics import evaluate_run
 from covlab.models.schemas import Schema
 
 # The run every selector produces: rank 1 is the first document selected. The lead may move this next to
@@ -48,18 +56,39 @@ def soft_greedy_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int) -> np
     sum_j p_dj * prod_{s in S} (1 - p_sj), the expected number of newly covered subquestions under the
     estimator's probabilities p (n_docs, n_subquestions) in [0, 1]. Ties and fill as `greedy_coverage`;
     ties are exact float equality. Equals `greedy_coverage` when p is 0/1."""
+    return _greedy_expected_coverage(_probabilities(probs), tie_break, k)
+
+
+def blended_soft_greedy(probs: np.ndarray, tie_break: np.ndarray, k: int, weight: float) -> np.ndarray:
+    """Soft greedy blended with its fallback order, so that an uninformative estimate degrades toward that
+    order instead of away from it [chosen]. Each step the document maximising
+
+        weight * g_d / m + (1 - weight) * f_d,
+
+    g_d the expected number of newly covered subquestions (`soft_greedy_coverage`), m the number of
+    subquestions, f_d = 1 - (r_d - 1) / n the fallback score of the document at rank r_d of the n in
+    `tie_break` order. weight 0 is exactly the fallback order, weight 1 exactly `soft_greedy_coverage`;
+    `choose_blend_weight` picks the weight on the tune split."""
+    if not 0 <= weight <= 1:
+        raise ValueError(f"weight must lie in [0, 1]; got {weight!r}")
+    return _greedy_expected_coverage(_probabilities(probs), tie_break, k, weight)
+
+
+def _probabilities(probs: np.ndarray) -> np.ndarray:
     probs = np.asarray(probs, dtype=float)
     if probs.ndim != 2:
         raise ValueError(f"probs must be a 2-D (n_docs, n_subquestions) matrix; got shape {probs.shape}")
     outside = ~((probs >= 0) & (probs <= 1))  # also catches NaN
     if outside.any():
         raise ValueError(f"probs must lie in [0, 1]; got {probs[outside][:5].tolist()}")
-    return _greedy_expected_coverage(probs, tie_break, k)
+    return probs
 
 
-def _greedy_expected_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
-    """The greedy loop shared by the hard and soft selectors. Rows are visited in tie-break order, so
-    `argmax` (first maximum) resolves ties by tie_break, then index."""
+def _greedy_expected_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int, weight: float = 1.0) -> np.ndarray:
+    """The greedy loop shared by the hard, soft and blended selectors. Rows are visited in tie-break order,
+    so `argmax` (first maximum) resolves ties by tie_break, then index. The blended score is computed
+    times m (weight * g + (1 - weight) * m * f, the same order), so that weight 1 adds an exact 0 and
+    reproduces the unblended gains bit for bit."""
     n_docs, n_subquestions = probs.shape
     tie_break = _scores(tie_break, "tie_break")
     if tie_break.shape != (n_docs,):
@@ -67,14 +96,15 @@ def _greedy_expected_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int) 
     _check_k(k)
     order = relevance_order(tie_break, n_docs)
     ranked = probs[order]
+    fallback = (1.0 - weight) * n_subquestions * (1.0 - np.arange(n_docs) / max(n_docs, 1))
     uncovered = np.ones(n_subquestions)  # prod_{s in S} (1 - p_sj): probability subquestion j is still open
     available = np.ones(n_docs, dtype=bool)
     chosen: list[int] = []
     size = min(k, n_docs)
     while len(chosen) < size:
-        gains = np.where(available, ranked @ uncovered, -np.inf)
-        best = int(np.argmax(gains))
-        if gains[best] <= 0:
+        scores = np.where(available, weight * (ranked @ uncovered) + fallback, -np.inf)
+        best = int(np.argmax(scores))
+        if scores[best] <= 0:
             break
         chosen.append(best)
         available[best] = False
@@ -96,13 +126,14 @@ def coverage_curve(covers: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataFrame | None = None,
                      nugget_column: str = "nugget_id", value_column: str = "grade",
-                     threshold: float = 1.0) -> pd.DataFrame:
+                     threshold: float = 1.0, weight: float = 1.0) -> pd.DataFrame:
     """A SELECTIONS run: for every query of `pool` (a POOLS table), `k` documents chosen by `method`.
 
     - relevance: the pool's first k by rank.
     - greedy: `greedy_coverage` on M[d, v] = value >= threshold (gold links: grade >= 1, METHODS.md §1
       judgments: rating >= 4, estimator: p >= tau = 0.3).
-    - soft_greedy: `soft_greedy_coverage` on the values themselves (probabilities in [0, 1]).
+    - soft_greedy: `blended_soft_greedy` on the values themselves (probabilities in [0, 1]) with `weight`
+      (1: plain `soft_greedy_coverage`, 0: the pool order).
     Ties and fill follow the pool rank (rank 1 first): a reranked pool carries the bi-encoder order.
     `coverage` is long-form (query_id, doc_id, <nugget_column>, <value_column>); the defaults read a
     NUGGET_LINKS table. The subquestions of a query are those named in its coverage rows; pool documents
@@ -121,11 +152,106 @@ def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataF
         else:
             matrix = _query_matrix(doc_ids, by_query.get(query_id), nugget_column, value_column)
             chosen = (greedy_coverage(matrix >= threshold, pool_order, k) if method == "greedy"
-                      else soft_greedy_coverage(matrix, pool_order, k))
+                      else blended_soft_greedy(matrix, pool_order, k, weight))
         frames.append(pd.DataFrame({"query_id": query_id, "rank": np.arange(1, len(chosen) + 1),
                                     "doc_id": doc_ids[chosen]}))
     return SELECTIONS.conform(pd.concat(frames, ignore_index=True) if frames else SELECTIONS.empty(),
                               source="select_per_query")
+
+
+@dataclass(frozen=True)
+class BlendChoice:
+    """The blend weight of `blended_soft_greedy` chosen on the tune split, with its evidence: the mean
+    `metric` of every candidate weight there. The weight-0 score is the fallback order's own."""
+    weight: float
+    scores: dict[float, float]
+    metric: str
+    split: str
+    queries: int
+
+    @property
+    def fallback_score(self) -> float:
+        return self.scores[0.0]
+
+    def evidence(self) -> dict:
+        """JSON-ready: the chosen weight, the split and metric it was chosen by, the score of every weight."""
+        return {"weight": self.weight, "split": self.split, "metric": self.metric, "queries": self.queries,
+                "fallback_score": self.fallback_score, "chosen_score": self.scores[self.weight],
+                "scores": {str(w): s for w, s in self.scores.items()}}
+
+
+def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, coverage: pd.DataFrame,
+                        nugget_links: pd.DataFrame, weights: Sequence[float], k: int, alpha: float,
+                        nugget_column: str = "subq_id", value_column: str = "probability") -> BlendChoice:
+    """[chosen] The weight of `blended_soft_greedy` with the best mean alpha-nDCG@k against the gold nuggets
+    (models/metrics.py, ndeval) on the `split` queries of `pool`, ties toward the smaller weight (the
+    fallback). `weights` must include 0, the pool order itself, so the chosen rule never scores below the
+    fallback on that split. `queries` is a QUERIES table (query_id, split); `coverage` is long-form as in
+    `select_per_query`, the defaults naming an estimated COVERAGE_MATRIX's columns."""
+    grid = sorted({float(w) for w in weights})
+    if 0.0 not in grid or not all(0 <= w <= 1 for w in grid):
+        raise ValueError(f"blend weights must lie in [0, 1] and include 0 (the fallback order); got {list(weights)}")
+    tuned = queries.loc[queries["split"] == split, "query_id"]
+    tune_pool = pool[pool["query_id"].isin(tuned)]
+    if tune_pool.empty:
+        raise ValueError(f"no pooled queries in split {split!r} to choose the blend weight on; pooled splits "
+                         f"are {sorted(queries.loc[queries['query_id'].isin(pool['query_id']), 'split'].unique())}")
+    metric = f"alpha_ndcg@{k}"
+    no_document_judgments = pd.DataFrame({"query_id": [], "doc_id": [], "relevance": []})  # alpha-nDCG reads links
+    scores = {}
+    for w in grid:
+        run = select_per_query(tune_pool, "soft_greedy", k, coverage, nugget_column, value_column, weight=w)
+        measured = evaluate_run(run, nugget_links, no_document_judgments, k=k, alpha=alpha)
+        scores[w] = float(measured.loc[measured["metric"] == metric, "value"].mean())
+    best = max(grid, key=lambda w: (scores[w], -w))
+    return BlendChoice(weight=best, scores=scores, metric=metric, split=split,
+                       queries=int(tune_pool["query_id"].nunique()))
+
+
+class Trust(NamedTuple):
+    """Whether a selection may follow the coverage estimator, and why (for metadata and messages)."""
+    trusted: bool
+    reason: str
+
+
+def estimator_trusted(dev_auc: float, threshold: float) -> Trust:
+    """The estimator gate [chosen]: a coverage estimator is followed only when its dev ROC-AUC reaches
+    `threshold`; below it (or when it is not a number) selections keep their fallback order and the
+    estimator is not promoted."""
+    if not math.isfinite(dev_auc):
+        return Trust(False, f"dev ROC-AUC is {dev_auc!r}, not a figure; the estimator cannot be judged")
+    if dev_auc < threshold:
+        return Trust(False, f"dev ROC-AUC {dev_auc:.4f} < {threshold:.4f}: the estimate is too close to chance "
+                            "to select by")
+    return Trust(True, f"dev ROC-AUC {dev_auc:.4f} >= {threshold:.4f}")
+
+
+def brier_score(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean squared difference between p(covered) and the 0/1 label."""
+    labels, probs = _labelled(labels, probs)
+    return float(np.mean((probs - labels) ** 2))
+
+
+def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> float:
+    """ECE over `bins` equal-width probability bins: sum over bins of (share of pairs) * |mean p - covered
+    share| (Naeini et al. 2015; the last bin includes p = 1)."""
+    labels, probs = _labelled(labels, probs)
+    which = np.minimum((probs * bins).astype(int), bins - 1)
+    error = 0.0
+    for b in np.unique(which):
+        inside = which == b
+        error += inside.mean() * abs(probs[inside].mean() - labels[inside].mean())
+    return float(error)
+
+
+def _labelled(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    labels, probs = np.asarray(labels, dtype=float), np.asarray(probs, dtype=float)
+    if labels.shape != probs.shape or labels.ndim != 1 or len(labels) == 0:
+        raise ValueError(f"labels and probabilities must be equal-length non-empty 1-D arrays; got shapes "
+                         f"{labels.shape} and {probs.shape}")
+    if not np.isin(labels, (0, 1)).all() or not ((probs >= 0) & (probs <= 1)).all():
+        raise ValueError("labels must be 0/1 and probabilities lie in [0, 1]")
+    return labels, probs
 
 
 def _ranked_pool(pool: pd.DataFrame) -> pd.DataFrame:

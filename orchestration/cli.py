@@ -3,15 +3,19 @@
     covlab demo                                    # every asset on the embedded demo dataset
     covlab dataset add NAME --format F --path P    # register a dataset (a new partition)
     covlab dataset list
+    covlab dataset generate longdoc --out DIR [--profile small|full] [--seed N]   # write a generated dataset
     covlab materialize --dataset NAME [--select KEY ...] [--config run_config.yaml]
     covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget B] [--json]
     covlab audit --value 0.702 [--tolerance 5e-4] [--json]
+    covlab slots list                              # runs holding the gpu pool's slot, and whether they live
+    covlab slots free [--run RUN_ID ...]           # free the slots of runs that died
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -43,12 +47,12 @@ def _registry():
     return default_resources()["datasets"]
 
 
-def dataset_add(name: str, fmt: str, path: str | None) -> None:
+def dataset_add(name: str, fmt: str, path: str | None, replace: bool = False) -> None:
     from covlab.assets.partitions import DATASETS
     from covlab.resources.datasets import read_dataset
 
-    dataset = read_dataset(name, fmt, path)  # refuse a dataset that does not read cleanly
-    entry = _registry().register(name, fmt, path)
+    dataset = read_dataset(name, fmt, path)  # refuse a bad name or a dataset that does not read cleanly
+    entry = _registry().register(name, fmt, path, replace=replace)
     instance = _instance()
     if not instance.has_dynamic_partition(DATASETS.name, name):
         instance.add_dynamic_partitions(DATASETS.name, [name])
@@ -56,14 +60,32 @@ def dataset_add(name: str, fmt: str, path: str | None) -> None:
           f"{len(dataset.corpus)} documents, {len(dataset.nuggets)} nuggets")
 
 
+def dataset_generate(generator: str, out: str, profile: str, seed: int) -> None:
+    """Write a generated dataset (resources/longdoc_dataset.py) in the covlab layout, then say how to add it."""
+    import shlex
+
+    from covlab.resources.longdoc_dataset import write_longdoc
+
+    try:
+        folder = write_longdoc(Path(out), profile, seed)
+    except FileExistsError as exc:
+        raise UsageError(f"--out {exc}") from None
+    print(f"wrote {generator} (profile {profile}, seed {seed}) to {folder}")
+    print(f"next: covlab dataset add {generator} --format covlab --path {shlex.quote(str(folder))}")
+
+
 def materialize(dataset: str, select: list[str] | None, config: dict | None, instance=None,
                 raise_on_error: bool = True):
-    """Run the selected assets (default: all) of one dataset partition in this process."""
+    """Run the selected assets (default: all) of one dataset partition in this process, first freeing the
+    pool slots of runs that died (orchestration/concurrency.py: pool_slots_guard)."""
     from dagster import AssetKey, materialize as dagster_materialize
 
     from covlab.assets.partitions import DATASETS
+    from covlab.models.dataset import check_dataset_name
+    from covlab.orchestration.concurrency import log_to_console, pool_slots_guard
     from covlab.orchestration.definitions import ASSETS, default_resources
 
+    check_dataset_name(dataset)
     instance = instance or _instance()
     if dataset not in _registry().entries():
         raise SystemExit(f"dataset {dataset!r} is not registered; run `covlab dataset add {dataset} ...` first")
@@ -71,8 +93,11 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
         instance.add_dynamic_partitions(DATASETS.name, [dataset])
     selection = [AssetKey.from_user_string(s) for s in select] if select else None
     run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}}, **(config or {})}
-    return dagster_materialize(ASSETS, instance=instance, partition_key=dataset, resources=default_resources(),
-                               selection=selection, run_config=run_config, raise_on_error=raise_on_error)
+    log_to_console()
+    with pool_slots_guard(instance) as tags:
+        return dagster_materialize(ASSETS, instance=instance, partition_key=dataset, resources=default_resources(),
+                                   selection=selection, run_config=run_config, raise_on_error=raise_on_error,
+                                   tags=tags)
 
 
 def summarize(result, seconds: float) -> str:
@@ -110,14 +135,15 @@ def summarize(result, seconds: float) -> str:
 def audit_command(args) -> int:
     """Print the lineage tree of each report materialization behind the requested figure(s)."""
     from covlab.orchestration.definitions import default_resources
-    from covlab.orchestration.lineage import audit_figures, render_json, render_text
+    from covlab.orchestration.lineage import audit_figures, confirm_reports, render_json, render_text
 
     results = default_resources()["results"]
+    confirm_reports(_instance(), results)  # figures count once Dagster has recorded their report
     if args.value is not None:
-        figures = results.find_value(args.value, args.tolerance)
+        figures = results.find_value(args.value, args.tolerance, confirmed_only=True)
     elif args.dataset and args.method and args.metric:
         figures = results.figures(dataset=args.dataset, method=args.method, metric=args.metric,
-                                  budget=args.budget, split=args.split, aggregate_only=True)
+                                  budget=args.budget, split=args.split, aggregate_only=True, confirmed_only=True)
         figures = figures.tail(1)  # the latest report's figure
     else:
         print("covlab audit: give --value, or --dataset, --method and --metric", file=sys.stderr)
@@ -140,6 +166,101 @@ def audit_command(args) -> int:
     return 0
 
 
+class UsageError(ValueError):
+    """A command line that cannot run as given; main prints the message on one line and exits with 2."""
+
+
+def _check_args(args) -> None:
+    """Refuse, before anything runs, option values that argparse's types let through."""
+    if args.command == "audit":
+        if args.value is not None and not math.isfinite(args.value):
+            raise UsageError(f"--value {args.value}: not a finite number; expected a figure as reported, e.g. 0.702")
+        if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+            wrong = "negative" if args.tolerance < 0 else "not a finite number"
+            raise UsageError(f"--tolerance {args.tolerance}: {wrong}; expected a finite number >= 0, e.g. 5e-4")
+    if args.command == "materialize" and args.select:
+        from dagster import AssetKey
+
+        from covlab.orchestration.definitions import ASSETS
+
+        known = {key for assets in ASSETS for key in assets.keys}
+        selected = {AssetKey.from_user_string(s) for s in args.select}
+        unknown = [s for s in args.select if AssetKey.from_user_string(s) not in known]
+        if unknown:
+            raise UsageError(f"--select {', '.join(map(repr, unknown))}: no such asset; expected asset keys among "
+                             f"{', '.join(sorted(k.to_user_string() for k in known))}")
+        # A multi-asset that cannot be subset (dataset_tables) builds all of its keys or none.
+        for assets in ASSETS:
+            missing = sorted(k.to_user_string() for k in assets.keys - selected)
+            if not assets.can_subset and missing and selected & assets.keys:
+                together = ", ".join(sorted(k.to_user_string() for k in assets.keys))
+                raise UsageError(f"--select: {assets.node_def.name} builds {together} in one step; expected all of "
+                                 f"them (add {', '.join(missing)})")
+
+
+def read_run_config(path: str) -> dict:
+    """The YAML run config in `path`; UsageError naming the file, and the line of a YAML syntax error."""
+    expected = "expected a YAML mapping such as `ops: {bm25_pools: {config: {mode: given}}}`"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: file not found; {expected}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not valid UTF-8; {expected}") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot be read ({exc.strerror}); {expected}") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark, context = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if context is not None and exc.context:
+            problem += f", {exc.context} on line {context.line + 1}"
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise UsageError(f"{where}: invalid YAML ({problem}); {expected}") from None
+    if not isinstance(config, dict):
+        found = "no YAML content" if config is None else f"top level is a {type(config).__name__}"
+        raise UsageError(f"{path}: {found}; {expected}")
+    return config
+
+
+def slots_command(args) -> int:
+    """`covlab slots list`: the runs holding or waiting for concurrency-pool slots; `covlab slots free`:
+    free the slots of runs that are over or whose process is gone, and of the runs given with --run."""
+    from covlab.orchestration.concurrency import free_stale_slots, pool_slots
+
+    instance = _instance()
+    slots = pool_slots(instance)
+    if args.action == "list":
+        for pool, limit in slots.limits.items():
+            print(f"pool {pool!r}: limit {limit}, {len(slots.holding(pool))} run(s) holding a slot")
+        for holder in slots.holders:
+            print(f"  {holder.describe()}")
+        if not slots.holders:
+            print("no run holds or waits for a pool slot")
+        return 0
+    freed = free_stale_slots(instance, args.run or ())
+    for holder in slots.holders:
+        if holder.run_id in freed:
+            ended = "" if holder.run is None or holder.run.is_finished else "; marked ended"
+            print(f"freed {holder.describe()}{ended}")
+    refused = 0
+    for run_id in args.run or ():
+        holder = next((h for h in slots.holders if h.run_id == run_id), None)
+        if holder is None:
+            print(f"covlab: run {run_id} holds no pool slot", file=sys.stderr)
+            refused += 1
+        elif holder.alive:
+            print(f"covlab: run {run_id} is still running (pid {holder.pid} on {holder.host}); stop that "
+                  f"process first", file=sys.stderr)
+            refused += 1
+    if not freed and not refused:
+        print("nothing to free: every run holding a pool slot is alive or cannot be judged "
+              "(`covlab slots list`; free one with `covlab slots free --run RUN_ID`)" if slots.holders
+              else "nothing to free: no run holds a pool slot")
+    return 1 if refused else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from covlab.resources.datasets import FORMATS
 
@@ -153,7 +274,16 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("name")
     add.add_argument("--format", required=True, choices=FORMATS)
     add.add_argument("--path", help="file or folder of the dataset (not needed for demo)")
+    add.add_argument("--replace", action="store_true",
+                     help="re-point an already registered name at another format or path")
     data.add_parser("list", help="registered datasets")
+    generate = data.add_parser("generate", help="write a generated dataset in the covlab layout")
+    generate.add_argument("generator", choices=["longdoc"],
+                          help="longdoc: long-document QA over 150-300-token chunks (resources/longdoc_dataset.py)")
+    generate.add_argument("--out", required=True, help="new or empty folder to write the dataset into")
+    generate.add_argument("--profile", choices=["small", "full"], default="small",
+                          help="small: 70 chunks, 40 questions (CI); full: 356 chunks, 312 questions")
+    generate.add_argument("--seed", type=int, default=7, help="generator seed (default 7)")
     run = commands.add_parser("materialize", help="materialize assets of one dataset partition")
     run.add_argument("--dataset", required=True)
     run.add_argument("--select", nargs="*", help="asset keys (default: all)")
@@ -167,29 +297,47 @@ def main(argv: list[str] | None = None) -> int:
     audit.add_argument("--value", type=float, help="find the stored figures equal to this number, audit each")
     audit.add_argument("--tolerance", type=float, default=5e-4)
     audit.add_argument("--json", action="store_true", help="machine-readable output")
+    slots = commands.add_parser("slots", help="concurrency-pool slots (the gpu pool): who holds them, free "
+                                              "those of dead runs").add_subparsers(dest="action", required=True)
+    slots.add_parser("list", help="runs holding or waiting for pool slots, and whether they are alive")
+    free = slots.add_parser("free", help="free the slots of runs that ended or whose process is gone")
+    free.add_argument("--run", nargs="+", metavar="RUN_ID",
+                      help="also free these runs (launched outside the CLI or on another host), marking them ended")
     args = parser.parse_args(argv)
+
+    from dagster import DagsterInvalidConfigError
 
     from covlab.models.schemas import DatasetError
 
     try:
+        _check_args(args)
         if args.command == "dataset" and args.action == "add":
-            dataset_add(args.name, args.format, args.path)
+            dataset_add(args.name, args.format, args.path, args.replace)
+        elif args.command == "dataset" and args.action == "generate":
+            dataset_generate(args.generator, args.out, args.profile, args.seed)
         elif args.command == "audit":
             return audit_command(args)
+        elif args.command == "slots":
+            return slots_command(args)
         elif args.command == "dataset":
             for name, entry in _registry().entries().items():
                 print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}")
         else:
             dataset = "demo" if args.command == "demo" else args.dataset
-            config = yaml.safe_load(Path(args.config).read_text()) if getattr(args, "config", None) else None
+            config = read_run_config(args.config) if getattr(args, "config", None) else None
             if args.command == "demo":
                 config = DEMO_CONFIG
             instance = _instance()
             start = time.perf_counter()
             result = materialize(dataset, getattr(args, "select", None), config, instance)
             print(summarize(result, time.perf_counter() - start))
-    except DatasetError as exc:
+    except (DatasetError, UsageError) as exc:
         print(f"covlab: {exc}", file=sys.stderr)
+        return 2
+    except DagsterInvalidConfigError as exc:  # checked by Dagster against the selected assets, before any runs
+        problems = "; ".join(" ".join(e.message.split()).rstrip(".") for e in exc.errors)
+        print(f"covlab: {getattr(args, 'config', None) or 'run config'}: {problems}; expected config for the "
+              "selected assets only (`ops: <asset>: config: ...`)", file=sys.stderr)
         return 2
     return 0
 

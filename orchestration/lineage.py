@@ -1,7 +1,12 @@
-"""Exact lineage of a reported number: walk the input-event pointers Dagster records on every
-materialization (`dagster/input_event_pointer/<key>` = the storage id of the upstream event that was
-read), from a report back to the ingest assets. Never "the latest materialization" of an upstream asset:
-an upstream rematerialized since is marked stale, and a pointer that leads nowhere is a gap."""
+"""Exact lineage of a reported number, from a report back to the ingest assets.
+
+Each input of a materialization is resolved from the load record its step left (resources/io_manager.py:
+the asset key, partition, run that wrote the stored value and the SHA-256 of the bytes read) to that
+writer run's materialization of the same key and partition, whose recorded `content_sha256` must match.
+Dagster's own input-event pointer (`dagster/input_event_pointer/<key>`) names the latest materialization of
+the upstream key in any partition, so it is used only for materializations without load records, and
+never followed into another partition. Never "the latest materialization" of an upstream asset: an
+upstream rematerialized since is marked stale, and a record that leads nowhere is a gap."""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+
+from covlab.resources.io_manager import CONTENT_HASH, LOAD_RECORD
 
 POINTER = "dagster/input_event_pointer/"
 INPUT_VERSION = "dagster/input_data_version/"
@@ -27,6 +34,7 @@ class LineageNode:
     time: str | None = None
     data_version: str | None = None
     code_version: str | None = None
+    content_sha256: str | None = None
     shaped_by: dict = field(default_factory=dict)
     stale: str | None = None  # why the number may be out of date: a newer materialization of this asset
     gap: str | None = None  # a record that should exist and does not
@@ -64,6 +72,8 @@ class LineageWalker:
         self._seen: set[int] = set()
         self._records: dict[int, object] = {}
         self._latest: dict[tuple[str, str | None], object] = {}
+        self._observations: dict[str, list] = {}
+        self._written: dict[tuple[str, str | None, str], object] = {}
 
     def node(self, record) -> LineageNode:
         mat = record.asset_materialization
@@ -72,6 +82,7 @@ class LineageWalker:
             asset_key=key.to_user_string(), partition=partition, storage_id=record.storage_id, run_id=record.run_id,
             time=datetime.fromtimestamp(record.timestamp, tz=timezone.utc).isoformat(timespec="seconds"),
             data_version=tags.get("dagster/data_version"), code_version=tags.get("dagster/code_version"),
+            content_sha256=_metadata_value(mat.metadata.get(CONTENT_HASH)),
             shaped_by={k: _metadata_value(mat.metadata[k]) for k in SHAPING if k in mat.metadata})
         latest = self._latest_of(key, partition)
         if latest is not None and latest.storage_id != record.storage_id:
@@ -83,20 +94,65 @@ class LineageWalker:
         self._seen.add(record.storage_id)
         pointers = {t[len(POINTER):]: v for t, v in tags.items() if t.startswith(POINTER)}
         versions = {t[len(INPUT_VERSION):] for t in tags if t.startswith(INPUT_VERSION)}
-        for upstream in sorted(versions | set(pointers)):
-            node.inputs.append(self._input(upstream, pointers.get(upstream), partition))
+        loads = self._loads(record)
+        for upstream in sorted(versions | set(pointers) | set(loads)):
+            if upstream in loads:
+                node.inputs.append(self._loaded_input(upstream, loads[upstream], partition))
+            else:
+                node.inputs.append(self._pointed_input(upstream, pointers.get(upstream), partition))
         return node
 
-    def _input(self, upstream: str, pointer: str | None, partition: str | None) -> LineageNode:
+    def _loads(self, record) -> dict[str, dict]:
+        """The load records the step behind `record` left in its run: {upstream asset key: record}."""
+        step = record.event_log_entry.step_key
+        loads = {}
+        if record.run_id not in self._observations:
+            self._observations[record.run_id] = list(self.instance.get_records_for_run(
+                record.run_id, of_type=DagsterEventType.ASSET_OBSERVATION).records)
+        for event in self._observations[record.run_id]:
+            observation = event.asset_observation
+            if event.event_log_entry.step_key == step and observation and LOAD_RECORD in observation.metadata:
+                load = _metadata_value(observation.metadata[LOAD_RECORD])
+                loads[load["asset_key"]] = load
+        return loads
+
+    def _loaded_input(self, upstream: str, load: dict, partition: str | None) -> LineageNode:
+        """The materialization a load record names: the writer run's event for that key and partition."""
+        writer, read_hash = load.get("written_by_run"), load.get(CONTENT_HASH)
+        if load["partition"] != partition:
+            return LineageNode(upstream, load["partition"], None, run_id=writer, content_sha256=read_hash,
+                               gap=f"read partition {load['partition']!r}, not this node's {partition!r}")
+        if writer is None:
+            return LineageNode(upstream, partition, None, content_sha256=read_hash,
+                               gap="the value read has no record of the run that wrote it")
+        if (upstream, partition, writer) not in self._written:
+            self._written[(upstream, partition, writer)] = _materialization_in_run(
+                self.instance, AssetKey.from_user_string(upstream), partition, writer)
+        record = self._written[(upstream, partition, writer)]
+        if record is None:
+            return LineageNode(upstream, partition, None, run_id=writer, content_sha256=read_hash,
+                               gap=f"run {writer} wrote the value read but recorded no materialization of it")
+        node = self.node(record)
+        if node.content_sha256 is not None and node.content_sha256 != read_hash:
+            node.gap = (f"the bytes read (sha256 {str(read_hash)[:12]}) differ from what run {writer} "
+                        f"recorded (sha256 {node.content_sha256[:12]})")
+        return node
+
+    def _pointed_input(self, upstream: str, pointer: str | None, partition: str | None) -> LineageNode:
+        """For materializations without load records: Dagster's pointer, unless it leaves the partition."""
         key = AssetKey.from_user_string(upstream)
         if pointer is None:
-            return LineageNode(upstream, partition, None, gap="no input event pointer recorded")
+            return LineageNode(upstream, partition, None, gap="no load record and no input event pointer recorded")
         if int(pointer) not in self._records:  # a DAG: the same upstream event is read by many assets
             self._records[int(pointer)] = _fetch(self.instance, key, int(pointer))
         record = self._records[int(pointer)]
         if record is None:
             return LineageNode(upstream, partition, int(pointer),
                                gap=f"materialization event {pointer} is not in the event log (wiped?)")
+        if record.asset_materialization.partition != partition:
+            return LineageNode(upstream, partition, None,
+                               gap=f"no load record; Dagster's input pointer leads to partition "
+                                   f"{record.asset_materialization.partition!r} (storage id {pointer}), not followed")
         return self.node(record)
 
     def _latest_of(self, key: AssetKey, partition: str | None):
@@ -106,20 +162,26 @@ class LineageWalker:
         return self._latest[cache_key]
 
 
-def audit_materialization(instance: DagsterInstance, key: AssetKey, partition: str | None,
-                          run_id: str | None = None) -> LineageNode:
-    """The lineage tree of `key`'s materialization in `run_id` (latest for the partition if None)."""
+def _materialization_in_run(instance: DagsterInstance, key: AssetKey, partition: str | None, run_id: str | None):
+    """`key`'s materialization of `partition` in `run_id` (the latest of the partition when run_id is None),
+    as an index record, or None. Only the run's time window is searched: no scan through earlier runs."""
     window = {}
     run = instance.get_run_record_by_id(run_id) if run_id else None
-    if run is not None and run.start_time:  # only the run's time window: no scan through earlier reports
+    if run is not None and run.start_time:
         window = {"after_timestamp": run.start_time - 1,
                   "before_timestamp": (run.end_time or datetime.now(timezone.utc).timestamp()) + 1}
     records = instance.fetch_materializations(AssetRecordsFilter(
         asset_key=key, asset_partitions=[partition] if partition else None, **window),
         limit=1 if run_id is None else 1000).records
-    for record in records:
-        if run_id is None or record.run_id == run_id:
-            return LineageWalker(instance).node(record)
+    return next((r for r in records if run_id is None or r.run_id == run_id), None)
+
+
+def audit_materialization(instance: DagsterInstance, key: AssetKey, partition: str | None,
+                          run_id: str | None = None) -> LineageNode:
+    """The lineage tree of `key`'s materialization in `run_id` (latest for the partition if None)."""
+    record = _materialization_in_run(instance, key, partition, run_id)
+    if record is not None:
+        return LineageWalker(instance).node(record)
     return LineageNode(key.to_user_string(), partition, None,
                        gap=f"no materialization of {key.to_user_string()} [{partition}]"
                            + (f" in run {run_id}" if run_id else ""))
@@ -187,6 +249,25 @@ def render_markdown(nodes: list[LineageNode]) -> str:
 
 def render_json(nodes: list[LineageNode]) -> str:
     return json.dumps([n.to_dict() for n in nodes], indent=2, sort_keys=True, default=str)
+
+
+# Metadata entry by which a report materialization names its rows in the results store.
+REPORT_ID = "results_store_report_id"
+
+
+def confirm_reports(instance: DagsterInstance, results) -> list[int]:
+    """Confirm each pending report in the results store whose run recorded the report's materialization
+    naming it (REPORT_ID); returns the ids confirmed. A report whose run died between writing its rows
+    and Dagster recording the materialization stays pending, and the audit never cites it."""
+    confirmed = []
+    for materialization_id, record in results.pending():
+        found = _materialization_in_run(instance, AssetKey.from_user_string(record.report_asset),
+                                        record.partition, record.run_id)
+        stored = found.asset_materialization.metadata.get(REPORT_ID) if found is not None else None
+        if stored is not None and _metadata_value(stored) == materialization_id:
+            results.confirm(materialization_id)
+            confirmed.append(materialization_id)
+    return confirmed
 
 
 def audit_figures(instance: DagsterInstance, figures) -> list[dict]:

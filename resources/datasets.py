@@ -14,19 +14,19 @@ Formats:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 from dagster import ConfigurableResource
+from filelock import FileLock, Timeout
 from pydantic import Field
 
-from covlab.models.dataset import Dataset, Origin, file_hash, raise_on_problems
+from covlab.models.dataset import Dataset, Origin, check_dataset_name, file_hash, raise_on_problems
 from covlab.models.schemas import SPLITS, DatasetError
 from covlab.resources.demo_dataset import build_demo_dataset
 from covlab.resources.files import read_csv, read_jsonl, read_tsv
+from covlab.resources.io_manager import atomic_write
 
 
 def read_covlab(path: Path, name: str) -> Dataset:
@@ -201,6 +201,7 @@ GIVEN_POOL_DISTRACTORS = {"perspectrum": 20}
 
 
 def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
+    check_dataset_name(name)
     if fmt == "demo":
         return raise_on_problems(build_demo_dataset())
     if fmt not in READERS:
@@ -212,34 +213,50 @@ def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
 
 class DatasetRegistry(ConfigurableResource):
     """Registered datasets (name -> format and path), kept in a small JSON file; `demo` is always there.
-    Each dataset is one partition of the `datasets` dynamic partitions definition."""
+    Each dataset is one partition of the `datasets` dynamic partitions definition. Every update holds an
+    exclusive lock on `<registry>.lock` across read, change and atomic replace, so concurrent
+    registrations from several processes all survive."""
 
     registry_path: str = Field(description="JSON file holding {name: {format, path}}")
+    lock_timeout_s: float = Field(60.0, gt=0, description="how long a registration waits for another "
+                                                          "process's lock on the registry file")
 
     def entries(self) -> dict[str, dict]:
         file = Path(self.registry_path)
         stored = json.loads(file.read_text()) if file.exists() else {}
         return {"demo": {"format": "demo", "path": None}, **stored}
 
-    def register(self, name: str, fmt: str, path: str | None) -> dict:
+    def register(self, name: str, fmt: str, path: str | None, replace: bool = False) -> dict:
+        """Add `name`; re-adding it with the same format and path changes nothing, with another source it
+        is refused unless `replace`."""
+        check_dataset_name(name)
         if fmt not in FORMATS:
             raise DatasetError(f"unknown format {fmt!r}; expected one of {FORMATS}")
         if name == "demo" and fmt != "demo":
             raise DatasetError("the name 'demo' is reserved for the embedded dataset")
         entry = {"format": fmt, "path": str(Path(path).resolve()) if path else None}
-        stored = {k: v for k, v in self.entries().items() if k != "demo"}
-        stored[name] = entry
         file = Path(self.registry_path)
         file.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=file.parent, delete=False, suffix=".tmp") as handle:
-            json.dump(stored, handle, indent=2, sort_keys=True)
-        os.replace(handle.name, file)
+        try:
+            with FileLock(f"{file}.lock", timeout=self.lock_timeout_s):
+                stored = {k: v for k, v in self.entries().items() if k != "demo"}
+                if stored.get(name, entry) != entry and not replace:
+                    raise DatasetError(
+                        f"dataset {name!r} is already registered as {stored[name]['format']} at "
+                        f"{stored[name]['path']}; refusing to point it at {fmt} {entry['path']} (its stored "
+                        "tables would silently mix two sources). Pass --replace to re-point it, or pick a new name")
+                stored[name] = entry
+                atomic_write(file, lambda tmp: tmp.write_text(json.dumps(stored, indent=2, sort_keys=True)))
+        except Timeout:
+            raise DatasetError(f"{file}: another process has held its lock for {self.lock_timeout_s:g} s; "
+                               f"remove {file}.lock if no covlab command is running") from None
         return entry
 
     def given_pool_distractors(self, name: str) -> int:
         return GIVEN_POOL_DISTRACTORS.get(self.entries()[name]["format"], 0)
 
     def load(self, name: str) -> Dataset:
+        check_dataset_name(name)
         entries = self.entries()
         if name not in entries:
             raise DatasetError(f"dataset {name!r} is not registered in {self.registry_path}; "

@@ -68,9 +68,11 @@ SYLLABLES = ["ka", "lo", "mir", "tez", "vu", "shan", "pel", "dro", "quin", "ryo"
 SPLITS = ["train"] * 8 + ["dev"] * 3 + ["test"] * 3
 
 
-def _word(rng: random.Random, used: set[str]) -> str:
+def invented_word(rng: random.Random, used: set[str], syllables: list[str] = SYLLABLES) -> str:
+    """A new word of two or three `syllables`, not in `used` (which it joins): invented names, so that no
+    real text is copied and nothing outside a generator decides what a document covers."""
     while True:
-        word = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 3))))
+        word = "".join(rng.choice(syllables) for _ in range(rng.choice((2, 3))))
         if word not in used:
             used.add(word)
             return word
@@ -104,7 +106,7 @@ def build_demo_dataset(seed: int = 13) -> Dataset:
         aspects = rng.sample(sorted(ASPECTS), rng.randint(5, min(10, len(ASPECTS))))
         facts = []
         for ni, aspect in enumerate(aspects):
-            words = {"s": f"{subject}", "a": _word(rng, used), "b": _word(rng, used)}
+            words = {"s": f"{subject}", "a": invented_word(rng, used), "b": invented_word(rng, used)}
             nid = f"{qid}-n{ni}"
             nuggets.append({"query_id": qid, "nugget_id": nid, "text": ASPECTS[aspect][0].format(**words)})
             facts.append((nid, aspect, words))
@@ -138,7 +140,7 @@ def build_demo_dataset(seed: int = 13) -> Dataset:
     for ni in range(40):
         subject, _ = SUBJECTS[ni % len(SUBJECTS)]
         aspect = rng.choice(sorted(ASPECTS))
-        words = {"s": subject, "a": _word(rng, used), "b": _word(rng, used)}
+        words = {"s": subject, "a": invented_word(rng, used), "b": invented_word(rng, used)}
         text = rng.choice(ASPECTS[aspect][1]).format(**words) + " " + rng.choice(FILLER)
         corpus.append({"doc_id": f"demo-x{ni:03d}", "title": "", "text": text, "source_unit": f"demo-x{ni:03d}"})
 

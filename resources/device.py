@@ -3,9 +3,12 @@ CPU otherwise, said in the log). torch is imported lazily."""
 
 from __future__ import annotations
 
+import functools
+import resource
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, Output
 from pydantic import Field
 
 if TYPE_CHECKING:
@@ -62,3 +65,44 @@ def gpu_step() -> dict:
     request that dagster-k8s reads. Use as `@asset(..., **gpu_step())`."""
     return {"pool": GPU_POOL, "op_tags": {"covlab/device": "gpu", "dagster-k8s/config": {
         "container_config": {"resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}}}}
+
+
+PEAK_RSS = "peak_rss_mib"  # metadata entry of every step measured by `reports_peak_rss`
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak resident set size (Linux >= 4.0: "5" into /proc/self/clear_refs), so
+    that the next reading is the peak of what runs from now on; False where the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process in MiB since the last reset (VmHWM), or since it started
+    where /proc is unavailable (getrusage)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def reports_peak_rss(compute):
+    """Decorate a heavy asset's compute function (under `@asset`): its Output gains `peak_rss_mib`, the
+    process's peak RSS while it ran. In-process runs execute steps one after another in one process, so
+    the peak is reset at the start of each step; `peak_rss_scope` says when that was impossible."""
+    @functools.wraps(compute)
+    def measured(*args, **kwargs):
+        scope = "step" if reset_peak_rss() else "process"
+        result = compute(*args, **kwargs)
+        if not isinstance(result, Output):
+            raise TypeError(f"{compute.__name__}: reports_peak_rss needs the compute function to return an Output")
+        return result.with_metadata({**result.metadata, PEAK_RSS: round(peak_rss_mib(), 1),
+                                     "peak_rss_scope": scope})
+
+    return measured

@@ -5,11 +5,21 @@ from pydantic import Field
 
 
 class EvaluationResource(ConfigurableResource):
-    """Which queries are evaluated, at which cutoff, and the coverage threshold of the estimator."""
+    """Which queries are evaluated, at which cutoff, the coverage threshold of the estimator, and how far
+    selections trust it."""
 
     splits: list[str] = Field(["dev", "test"], description="query splits scored and selected for")
     report_split: str = Field("test", description="split of the reported figures (Table 1)")
-    tune_split: str = Field("dev", description="split used to compare model versions (champion promotion)")
+    tune_split: str = Field("dev", description="split used to compare model versions (champion promotion) and "
+                                               "to choose the soft greedy's blend weight")
     k: int = Field(10, description="documents per selected context")
     tau: float = Field(0.3, description="estimated coverage probability counted as covered")
     alpha: float = Field(0.5, description="alpha of alpha-nDCG")
+    min_estimator_dev_auc: float = Field(
+        0.65, description="dev ROC-AUC the coverage estimator must reach to be followed: below it the estimator "
+                          "check warns, selections on its estimates keep the coverage bi-encoder order "
+                          "(fell_back) and it is never promoted to champion")
+    blend_weights: list[float] = Field(
+        [0.0, 0.25, 0.5, 0.75, 1.0],
+        description="candidate weights of the estimate against the fallback order in soft greedy, chosen by "
+                    "alpha-nDCG@k on tune_split; must include 0 (the fallback order itself) and lie in [0, 1]")

@@ -18,21 +18,29 @@ from covlab.models.dataset import Origin
 from covlab.models.schemas import DatasetError
 
 FieldTypes = dict[str, type | tuple[type, ...]]
+# Integer fields become int64 columns: a value outside this range would overflow (or silently wrap) there.
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT64_RANGE = f"a 64-bit signed integer, {INT64_MIN} to {INT64_MAX}"
 
 
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
     raw = path.read_bytes()
-    if not raw.strip():
-        raise DatasetError(f"{path}: file is empty; expected at least one record")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise DatasetError(f"{path}:{line}: not valid UTF-8 (byte {raw[exc.start]:#04x}); "
                            "expected UTF-8 text") from None
-    return text.splitlines()
+    if not text.strip():
+        raise DatasetError(f"{path}: file is empty; expected at least one record")
+    # Records end at "\n" (or "\r\n") only: str.splitlines() would also break at U+2028, U+0085, \x0b, \x0c
+    # and \x1c-\x1e, which JSON strings and TSV fields may hold raw, splitting a valid record in two.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = None) -> tuple[pd.DataFrame, Origin]:
@@ -44,8 +52,10 @@ def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = Non
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}:{number}: invalid JSON ({exc.msg}); expected one JSON object per line") from None
+        except (ValueError, RecursionError) as exc:
+            # ValueError beyond JSONDecodeError: an integer of more than 4,300 digits; RecursionError: deep nesting.
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).split(":")[0]
+            raise DatasetError(f"{path}:{number}: invalid JSON ({reason}); expected one JSON object per line") from None
         if not isinstance(record, dict):
             raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
         for name, kind in {**fields, **optional}.items():
@@ -55,7 +65,8 @@ def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = Non
                 continue
             if not isinstance(record[name], kind) or isinstance(record[name], bool) and kind is not bool:
                 raise DatasetError(f"{path}:{number}: field {name!r} must be {_type_name(kind)}, "
-                                   f"got {type(record[name]).__name__} {record[name]!r}")
+                                   f"got {type(record[name]).__name__} {_shown(record[name])}{_expected(kind)}")
+            _check_int64(record[name], f"{path}:{number}", name)
         numbers.append(number)
         records.append({k: record.get(k) for k in {**fields, **optional}})
     if not records:
@@ -131,9 +142,28 @@ def _parse(value: str, kind: type, where: str, name: str):
     if kind is str:
         return value
     try:
-        return kind(value)
+        parsed = kind(value)
     except ValueError:
-        raise DatasetError(f"{where}: field {name!r} must be {_type_name(kind)}, got {value!r}") from None
+        raise DatasetError(f"{where}: field {name!r} must be {_type_name(kind)}, "
+                           f"got {_shown(value)}{_expected(kind)}") from None
+    _check_int64(parsed, where, name)
+    return parsed
+
+
+def _check_int64(value: object, where: str, name: str) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+        raise DatasetError(f"{where}: field {name!r} is {_shown(value)}, outside the 64-bit signed integer "
+                           f"range; expected {INT64_RANGE}")
+
+
+def _expected(kind: type | tuple[type, ...]) -> str:
+    return f"; expected {INT64_RANGE}" if kind is int else ""
+
+
+def _shown(value: object) -> str:
+    """repr of `value`, cut to its first 40 characters and total length when longer (a 20 MB field)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

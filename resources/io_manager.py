@@ -2,10 +2,19 @@
 
 Every write goes to a temporary file in the target directory and is renamed into place, so a failed
 step never leaves a half-written artifact and never damages the previous materialization.
+
+Beside each stored value a sidecar (`<partition>.parquet.written.json`) says which run and step wrote it
+and the SHA-256 of its bytes; the materialization carries the same hash as `content_sha256`. Every load
+records what it read — asset key, partition, the run that wrote it and the SHA-256 of the bytes read — as
+an asset observation in the loading run (`LOAD_RECORD` metadata). The lineage audit resolves each input of
+a materialization from these records, never from Dagster's input-event pointer, which names the latest
+materialization of the upstream key in any partition.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import tempfile
@@ -13,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import ConfigurableIOManager, InputContext, MetadataValue, OutputContext
 from pydantic import Field
+
+# Metadata key of a load record (an asset observation of the input, emitted by the loading step).
+LOAD_RECORD = "covlab/loaded"
+# Metadata key of the stored bytes' hash on every materialization this IO manager stores.
+CONTENT_HASH = "content_sha256"
+SIDECAR_SUFFIX = ".written.json"
+SUFFIXES = (".parquet", ".json")  # how tables and records are stored, in lookup order
 
 
 def atomic_write(target: Path, write) -> None:
@@ -30,37 +46,74 @@ def atomic_write(target: Path, write) -> None:
         raise
 
 
+def path_segment(value: str, what: str) -> str:
+    """`value` if it can be one folder or file name under a store root, else ValueError: no separators,
+    no `.`/`..`, nothing empty, no NUL, at most 255 bytes. Every store path is joined from such segments."""
+    if (not isinstance(value, str) or value in ("", ".", "..") or "/" in value or "\\" in value or "\0" in value
+            or len(value.encode("utf-8")) > 255):
+        raise ValueError(f"{what} {value!r} cannot be a path segment; expected a non-empty name without '/', "
+                         "'\\', NUL, '.' or '..' of at most 255 bytes")
+    return value
+
+
+def store_path(root: str | Path, *segments: str, what: str = "path segment") -> Path:
+    """`root / segment / ...` after checking every segment with `path_segment`."""
+    return Path(root).joinpath(*(path_segment(s, what) for s in segments))
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 class LocalTableIOManager(ConfigurableIOManager):
     """DataFrames -> `<base>/<asset key>/<partition>.parquet`; dicts and lists -> `.json` beside them."""
 
     base_dir: str = Field(description="root folder of stored asset values (a local path)")
 
-    def _stem(self, context: InputContext | OutputContext) -> Path:
-        key = context.asset_key.path
+    def _folder(self, context: InputContext | OutputContext) -> tuple[Path, str]:
         partition = context.asset_partition_key if context.has_asset_partitions else "__all__"
-        return Path(self.base_dir).joinpath(*key) / partition
+        return store_path(self.base_dir, *context.asset_key.path, what="asset key part"), \
+            path_segment(partition, "partition key")
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         if obj is None:
             return
-        stem = self._stem(context)
+        folder, partition = self._folder(context)
         if isinstance(obj, pd.DataFrame):
-            path = stem.with_suffix(".parquet")
-            atomic_write(path, lambda tmp: obj.to_parquet(tmp, index=False))
+            path = folder / f"{partition}.parquet"
+            buffer = io.BytesIO()
+            obj.to_parquet(buffer, index=False)
+            data = buffer.getvalue()
         elif isinstance(obj, (dict, list)):
-            path = stem.with_suffix(".json")
-            atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str)))
+            path = folder / f"{partition}.json"
+            data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8")
         else:
             raise TypeError(f"{context.asset_key.to_user_string()}: cannot store a {type(obj).__name__}; "
                             "expected a DataFrame, dict or list")
-        context.add_output_metadata({"stored_at": str(path)})
+        digest = sha256_hex(data)
+        atomic_write(path, lambda tmp: tmp.write_bytes(data))
+        written = {"asset_key": context.asset_key.to_user_string(), "partition": partition,
+                   "run_id": context.run_id, "step_key": context.step_key, CONTENT_HASH: digest}
+        atomic_write(path.with_name(path.name + SIDECAR_SUFFIX),
+                     lambda tmp: tmp.write_text(json.dumps(written, indent=2, sort_keys=True)))
+        context.add_output_metadata({"stored_at": str(path), CONTENT_HASH: digest})
 
     def load_input(self, context: InputContext) -> Any:
-        stem = self._stem(context)
-        if stem.with_suffix(".parquet").exists():
-            return pd.read_parquet(stem.with_suffix(".parquet"))
-        if stem.with_suffix(".json").exists():
-            return json.loads(stem.with_suffix(".json").read_text())
-        raise FileNotFoundError(f"{context.asset_key.to_user_string()} partition "
-                                f"{context.asset_partition_key if context.has_asset_partitions else ''!r}: "
-                                f"nothing stored at {stem}.parquet or .json; materialize it first")
+        folder, partition = self._folder(context)
+        for suffix in SUFFIXES:
+            path = folder / f"{partition}{suffix}"
+            if path.exists():
+                break
+        else:
+            raise FileNotFoundError(f"{context.asset_key.to_user_string()} partition {partition!r}: nothing "
+                                    f"stored at {folder / partition}.parquet or .json; materialize it first")
+        data = path.read_bytes()
+        sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
+        written = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        context.add_input_metadata({LOAD_RECORD: MetadataValue.json({
+            "asset_key": context.asset_key.to_user_string(),
+            "partition": partition if context.has_asset_partitions else None, "written_by_run": written.get("run_id"), CONTENT_HASH: sha256_hex(data), "path": str(path)})},
+            description="what this step read, for the lineage audit")
+        if path.suffix == ".parquet":
+            return pd.read_parquet(io.BytesIO(data))
+        return json.loads(data)

@@ -11,8 +11,19 @@ also retries 409 and obeys an `x-should-retry` header, and its waits cannot be m
 without patching internals. Here the retried faults (timeouts and other transport errors, 408, 429, 5xx), the
 backoff base, cap and jitter are all fields, and `Retry-After` is honoured.
 
+A response is streamed, so two limits hold whatever the server does. `timeout_s` is a deadline for a whole
+attempt, body included, checked as each chunk arrives: httpx's own timeouts bound each read, which a server
+trickling bytes never trips, so without it one call could take hours; with it an attempt ends within about
+twice `timeout_s` (the last read may wait up to `timeout_s`; the status line and headers are under that
+per-read timeout only), and a miss is retried like a timeout. And at most `max_response_bytes` of a body are
+read (a larger answer fails without a retry; of an error body only the first bytes are kept, for the
+message), so memory does not grow with what the server sends.
+
 The API key (pass `dagster.EnvVar("COVLAB_LLM_API_KEY")`) is sent as a bearer token and nowhere else: it is
-hidden from repr/str, left out of `describe()`, of the cache key and rows, and redacted from error messages.
+hidden from repr/str, left out of `describe()`, of the cache key and rows, and redacted from error messages and
+log lines. Response text is quoted in those only redacted first and then cut to `ERROR_BODY_CHARS`, so no part
+of a key can survive at the cut. Credentials in `base_url` (http://user:password@host/v1) are shown nowhere:
+`describe()` and every message render the URL as http://***@host/v1 (`display_url`).
 """
 
 from __future__ import annotations
@@ -24,10 +35,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Literal, TypeVar
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 from dagster import ConfigurableResource, EnvVar, InitResourceContext, get_dagster_logger
@@ -42,7 +55,8 @@ Messages = list[dict[str, str]]
 
 RETRYABLE_STATUS = frozenset({408, 429, *range(500, 600)})
 ROLES = frozenset({"system", "user", "assistant"})
-ERROR_BODY_CHARS = 500  # how much of an error response body an exception quotes
+ERROR_BODY_CHARS = 500  # how much of a response body (or other answer text) a message quotes
+ERROR_BODY_BYTES = 64 * 1024  # how much of an error status's body is read: far more than ERROR_BODY_CHARS
 FORMAT_CORRECTION = ("Your previous reply could not be used: {problem}. Reply again with only what was asked "
                      "for, exactly in the requested format.")
 
@@ -125,6 +139,52 @@ def request_key(model: str, messages: Messages, temperature: float, max_tokens: 
                                      separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
+def display_url(url: str) -> str:
+    """`url` as messages and metadata show it: any user:password@ replaced by ***@."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}"))
+
+
+def _url_secrets(url: str) -> list[str]:
+    """The credentials in `url` as they may appear in text: the whole userinfo (user:password, or a lone
+    token as in https://TOKEN@host), and the password as written and percent-decoded."""
+    userinfo = urlsplit(url).netloc.rpartition("@")[0]
+    password = userinfo.partition(":")[2]
+    return [secret for secret in (userinfo, password, unquote(password)) if secret]
+
+
+def _split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
+    """`url` without its user:password@, and those as the basic auth httpx would derive from them: so the
+    request, and httpx's own log line naming its URL, carry no credentials."""
+    parts = urlsplit(url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
+        return url, None
+    username, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), httpx.BasicAuth(unquote(username), unquote(password))
+
+
+class _DeadlineExceeded(Exception):
+    """An attempt's response was still arriving when its `timeout_s` deadline passed."""
+
+
+@dataclass(frozen=True)
+class _Received:
+    """One response as far as it was read."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes | bytearray
+    complete: bool  # False: the body went past its byte limit and `body` is only its beginning
+    encoding: str
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(self.encoding, errors="replace")
+
+
 def _retry_after_s(headers: httpx.Headers) -> float | None:
     """Seconds asked for by a Retry-After header (seconds or an HTTP date); None when absent or unreadable."""
     value = headers.get("retry-after")
@@ -147,7 +207,9 @@ class LLMResource(ConfigurableResource):
     backend: Literal["openai", "none"] = Field(
         "none", description='"openai": any OpenAI-compatible /chat/completions endpoint (vLLM, Ollama, TGI, '
                             'OpenAI); "none": no LLM, steps that need one fail fast and name their alternatives')
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="endpoint root, ending in /v1")
+    base_url: str = Field("http://127.0.0.1:8000/v1",
+                          description="endpoint root, ending in /v1; credentials in it (user:password@) are "
+                                      "sent but never shown")
     model: str = Field("", description="model name as the endpoint serves it")
     api_key: str | None = Field(None, repr=False,
                                 description='bearer token; pass EnvVar("COVLAB_LLM_API_KEY"); never logged')
@@ -155,8 +217,13 @@ class LLMResource(ConfigurableResource):
     max_tokens: int = Field(1024, ge=1, description="answer length limit in tokens")
     seed: int | None = Field(0, description="sampling seed sent with every request (None: not sent)")
     concurrency: int = Field(4, ge=1, description="most requests in flight at once")
-    timeout_s: float = Field(60.0, gt=0.0, description="per-request timeout in seconds")
-    max_retries: int = Field(5, ge=0, description="retries after a timeout, transport error, 408, 429 or 5xx")
+    timeout_s: float = Field(60.0, gt=0.0, description="deadline in seconds for one attempt, from sending the "
+                                                        "request to the last byte of the answer")
+    max_response_bytes: int = Field(8 * 2**20, ge=1,
+                                    description="most bytes of a response body read; a longer answer fails (not "
+                                                "retried), a longer error body is cut for the message")
+    max_retries: int = Field(5, ge=0, description="retries after a timeout (timeout_s missed), transport error, "
+                                                  "408, 429 or 5xx")
     backoff_base_s: float = Field(0.5, ge=0.0, description="first retry wait in seconds; doubles each retry")
     backoff_max_s: float = Field(30.0, ge=0.0, description="longest wait between retries, Retry-After included")
     backoff_jitter: float = Field(0.25, ge=0.0, lt=1.0,
@@ -187,12 +254,12 @@ class LLMResource(ConfigurableResource):
         raise LLMUnavailable(
             f"No LLM is configured: {problem}. It is needed for {purpose}. To use an LLM, set llm.backend to "
             "\"openai\", llm.base_url to an OpenAI-compatible endpoint ending in /v1 (vLLM, Ollama, TGI, OpenAI; "
-            f"now {self.base_url!r}) and llm.model to the served model name (now {self.model!r}), with the key in "
-            "the COVLAB_LLM_API_KEY environment variable if the endpoint needs one.")
+            f"now {display_url(self.base_url)!r}) and llm.model to the served model name (now {self.model!r}), "
+            "with the key in the COVLAB_LLM_API_KEY environment variable if the endpoint needs one.")
 
     def describe(self) -> dict:
-        """What shaped the answers, for asset metadata (never the key)."""
-        return {"backend": self.backend, "model": self.model, "base_url": self.base_url,
+        """What shaped the answers, for asset metadata (never the key, nor credentials in the URL)."""
+        return {"backend": self.backend, "model": self.model, "base_url": display_url(self.base_url),
                 "temperature": self.temperature, "max_tokens": self.max_tokens, "seed": self.seed}
 
     def chat_json(self, prompt_id: str, messages: Messages, parse: Callable[[str], T]) -> T:
@@ -252,7 +319,7 @@ class LLMResource(ConfigurableResource):
             try:
                 return parse(cached), True
             except ValueError as exc:
-                _LOG.warning(f"{prompt_id}: the cached answer no longer parses ({self._redact(str(exc))}); "
+                _LOG.warning(f"{prompt_id}: the cached answer no longer parses ({self._excerpt(str(exc))}); "
                              "asking again")
         conversation, attempt = list(messages), 1
         while True:
@@ -260,11 +327,11 @@ class LLMResource(ConfigurableResource):
             try:
                 value = parse(raw)
             except ValueError as exc:
-                problem = self._redact(str(exc))
+                problem = self._excerpt(str(exc))
                 if attempt > self.max_format_retries:
                     raise LLMFormatError(
                         self._redact(f"{prompt_id}: {attempt} answers from {self.model} did not parse; last "
-                                     f"problem: {problem}; last raw answer: {raw!r}"),
+                                     f"problem: {problem}; last raw answer: {self._excerpt(raw)!r}"),
                         prompt_id, self._redact(raw), problem, attempt) from None
                 _LOG.warning(f"{prompt_id}: answer {attempt} did not parse ({problem}); asking again")
                 conversation = [*messages, {"role": "assistant", "content": raw},
@@ -277,6 +344,8 @@ class LLMResource(ConfigurableResource):
     def _complete(self, prompt_id: str, messages: Messages) -> str:
         """One answer text, retrying transport faults with exponential backoff (or Retry-After)."""
         url = f"{self.base_url.rstrip('/')}/chat/completions"
+        shown_url = display_url(url)
+        url, auth = _split_credentials(url)
         payload = {"model": self.model, "messages": messages, "temperature": self.temperature,
                    "max_tokens": self.max_tokens}
         if self.seed is not None:
@@ -287,26 +356,54 @@ class LLMResource(ConfigurableResource):
             retry_after, status = None, None
             with slots:
                 try:
-                    response = client.post(url, json=payload)
+                    received = self._receive(client, url, auth, payload)
                 except httpx.TransportError as exc:
                     problem = f"{type(exc).__name__}: {exc}"
+                except _DeadlineExceeded:
+                    problem = (f"no complete response within timeout_s = {self.timeout_s:g} s (the deadline for "
+                               "the whole attempt, body included)")
                 else:
-                    status = response.status_code
+                    status = received.status
                     if status == 200:
-                        return self._content(prompt_id, url, response, attempt)
-                    problem = f"HTTP {status}: {response.text[:ERROR_BODY_CHARS]}"
+                        return self._content(prompt_id, shown_url, received, attempt)
+                    problem = f"HTTP {status}: {self._excerpt(received.text)}"
                     if status not in RETRYABLE_STATUS:
-                        raise LLMRequestError(self._redact(f"{prompt_id}: {url} refused the request ({problem})"),
-                                              prompt_id, attempt, status)
-                    retry_after = _retry_after_s(response.headers)
+                        raise LLMRequestError(
+                            self._redact(f"{prompt_id}: {shown_url} refused the request ({problem})"),
+                            prompt_id, attempt, status)
+                    retry_after = _retry_after_s(received.headers)
             if attempt == attempts:
                 break
             wait = self._backoff_s(attempt, retry_after)
             _LOG.warning(self._redact(f"{prompt_id}: attempt {attempt}/{attempts} failed ({problem}); "
                                       f"retrying in {wait:.2f} s"))
             time.sleep(wait)
-        raise LLMRequestError(self._redact(f"{prompt_id}: {url} failed {attempts} times; last: {problem}"),
+        raise LLMRequestError(self._redact(f"{prompt_id}: {shown_url} failed {attempts} times; last: {problem}"),
                               prompt_id, attempts, status)
+
+    def _receive(self, client: httpx.Client, url: str, auth: httpx.BasicAuth | None, payload: dict) -> _Received:
+        """POST `payload` and stream the response, all within `timeout_s` (else _DeadlineExceeded). A 200 body
+        is read up to `max_response_bytes`, any other status's up to ERROR_BODY_BYTES; past its limit reading
+        stops and the connection is dropped, with `complete` False."""
+        deadline = time.monotonic() + self.timeout_s
+        with client.stream("POST", url, json=payload, auth=auth, timeout=httpx.Timeout(self.timeout_s)) as response:
+            status = response.status_code
+            limit = self.max_response_bytes if status == 200 else min(ERROR_BODY_BYTES, self.max_response_bytes)
+            declared = response.headers.get("content-length", "")
+            body = bytearray()
+            complete = not (status == 200 and declared.isdigit() and int(declared) > limit)  # else: not read
+            # httpx's timeouts bound each socket read, so a server trickling the body is stopped here, between
+            # chunks: an attempt ends within timeout_s plus at most one read (itself at most timeout_s). The
+            # status line and headers are read by httpx alone, under the per-read timeout only.
+            for chunk in response.iter_bytes() if complete else ():
+                body += chunk
+                if time.monotonic() > deadline:
+                    raise _DeadlineExceeded
+                if len(body) > limit:
+                    del body[limit:]
+                    complete = False
+                    break
+            return _Received(status, response.headers, body, complete, response.encoding or "utf-8")
 
     def _backoff_s(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -314,13 +411,18 @@ class LLMResource(ConfigurableResource):
         exponential = min(self.backoff_base_s * 2 ** (attempt - 1), self.backoff_max_s)
         return exponential * (1.0 - self.backoff_jitter * self._jitter.random())
 
-    def _content(self, prompt_id: str, url: str, response: httpx.Response, attempt: int) -> str:
+    def _content(self, prompt_id: str, shown_url: str, received: _Received, attempt: int) -> str:
+        if not received.complete:
+            raise LLMRequestError(
+                self._redact(f"{prompt_id}: {shown_url} answered HTTP 200 with a body larger than "
+                             f"max_response_bytes = {self.max_response_bytes} bytes; reading stopped there"),
+                prompt_id, attempt, 200)
         try:
-            content = response.json()["choices"][0]["message"]["content"]
+            content = json.loads(received.body)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise LLMRequestError(
-                self._redact(f"{prompt_id}: {url} answered HTTP 200 with a body that is not a chat completion "
-                             f"(expected choices[0].message.content): {response.text[:ERROR_BODY_CHARS]!r}"),
+                self._redact(f"{prompt_id}: {shown_url} answered HTTP 200 with a body that is not a chat "
+                             f"completion (expected choices[0].message.content): {self._excerpt(received.text)!r}"),
                 prompt_id, attempt, 200) from None
         return content if isinstance(content, str) else ""
 
@@ -329,16 +431,28 @@ class LLMResource(ConfigurableResource):
         return self.api_key.get_value() if isinstance(self.api_key, EnvVar) else self.api_key
 
     def _redact(self, text: str) -> str:
-        key = self._api_key()
-        return text.replace(key, "***") if key else text
+        """`text` with the API key and the base URL's credentials replaced by ***."""
+        secrets = [self._api_key() or "", *_url_secrets(self.base_url)]
+        for secret in sorted(filter(None, secrets), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
+    def _excerpt(self, text: str) -> str:
+        """Response or answer text as a message quotes it: redacted, then cut to ERROR_BODY_CHARS. In this
+        order a secret that straddles the cut is replaced whole before the cut could keep a piece of it."""
+        text = self._redact(text)
+        return text if len(text) <= ERROR_BODY_CHARS else f"{text[:ERROR_BODY_CHARS]}..."
 
     def _client(self) -> tuple[httpx.Client, threading.BoundedSemaphore]:
         with self._lock:
             if self._http is None:
                 key = self._api_key()
-                self._http = httpx.Client(
-                    timeout=self.timeout_s, headers={"Authorization": f"Bearer {key}"} if key else {},
-                    limits=httpx.Limits(max_connections=self.concurrency))
+                # Uncompressed bodies: then no small compressed chunk can inflate far past max_response_bytes.
+                headers = {"Accept-Encoding": "identity"}
+                if key:
+                    headers["Authorization"] = f"Bearer {key}"
+                self._http = httpx.Client(timeout=self.timeout_s, headers=headers,
+                                          limits=httpx.Limits(max_connections=self.concurrency))
             if self._slots is None:
                 self._slots = threading.BoundedSemaphore(self.concurrency)
             return self._http, self._slots

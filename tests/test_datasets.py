@@ -6,10 +6,11 @@ import pandas as pd
 import pytest
 
 from conftest import shared_dataset, write_covlab_layout
-from covlab.models.dataset import TABLES, table_problems
-from covlab.models.schemas import DatasetError
+from covlab.models.dataset import MAX_DOCUMENT_CHARS, TABLES, table_problems
+from covlab.models.schemas import QRELS, DatasetError
 from covlab.resources.datasets import DatasetRegistry, read_dataset
 from covlab.resources.demo_dataset import build_demo_dataset
+from covlab.resources.files import read_jsonl, read_tsv
 
 
 def test_demo_is_deterministic_and_shaped_as_promised(demo_dataset):
@@ -95,7 +96,16 @@ MALFORMED = [
     ("nuggets.jsonl", lambda t: "", "nuggets.jsonl: file is empty"),
     ("queries.jsonl", lambda t: b"\xff\xfe broken" + t.encode(), "queries.jsonl:1: not valid UTF-8"),
     ("candidates.tsv", lambda t: t.replace("demo-q00", "demo-q99", 1), "candidates.tsv:1: query_id 'demo-q99' is not in queries"),
+    ("qrels.tsv", lambda t: t.replace("\t1\n", "\t100000000000000000000000\n", 1),
+     "qrels.tsv:1: field 'relevance' is 100000000000000000000000, outside the 64-bit signed integer range"),
+    ("corpus.jsonl", lambda t: _with_first_text(t, "w" * (MAX_DOCUMENT_CHARS + 1)),
+     f"corpus.jsonl:1: text has {MAX_DOCUMENT_CHARS + 1:,} characters; expected at most {MAX_DOCUMENT_CHARS:,}"),
 ]
+
+
+def _with_first_text(jsonl: str, text: str) -> str:
+    first, rest = jsonl.split("\n", 1)
+    return json.dumps({**json.loads(first), "text": text}, ensure_ascii=False) + "\n" + rest
 
 
 @pytest.mark.parametrize("file,damage,message", MALFORMED, ids=[m[2].split(": ", 1)[-1][:40] for m in MALFORMED])
@@ -125,3 +135,88 @@ def test_registry_keeps_demo_and_refuses_unknown_formats(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["x"]["format"] == "covlab"
     with pytest.raises(DatasetError, match="not registered"):
         registry.load("nope")
+
+
+# Characters str.splitlines() treats as line ends, though JSON strings and TSV fields may hold them raw.
+SEPARATORS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e"
+
+
+def test_unicode_line_separators_stay_inside_their_record(tmp_path, demo_dataset):
+    folder = write_covlab_layout(demo_dataset, tmp_path / "separators")
+    corpus = folder / "corpus.jsonl"
+    text = "first part\u2028second part\x85third part"  # JSON allows both raw; the rest are control characters
+    corpus.write_text(_with_first_text(corpus.read_text(encoding="utf-8"), text), encoding="utf-8")
+    ds = read_dataset("separators", "covlab", str(folder))
+    assert len(ds.corpus) == len(demo_dataset.corpus)
+    assert ds.corpus["text"][0] == text
+    # a broken record after it is reported on its own line
+    lines = corpus.read_text(encoding="utf-8").split("\n")
+    corpus.write_text("\n".join([lines[0], lines[1].rstrip("}"), *lines[2:]]), encoding="utf-8")
+    with pytest.raises(DatasetError, match="corpus.jsonl:2: invalid JSON"):
+        read_dataset("separators", "covlab", str(folder))
+
+
+def test_tsv_splits_on_newlines_only_and_strips_crlf(tmp_path):
+    file = tmp_path / "qrels.tsv"
+    ids = [f"q{i}{c}x" for i, c in enumerate(SEPARATORS)]
+    file.write_bytes("".join(f"{q}\td{i}\t{i}\r\n" for i, q in enumerate(ids)).encode("utf-8"))
+    frame, _ = read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int})
+    assert frame["query_id"].tolist() == ids
+    assert frame["relevance"].tolist() == list(range(len(ids)))
+    file.write_bytes(file.read_bytes() + b"q\td\tnot-a-number\n")
+    with pytest.raises(DatasetError, match=f"qrels.tsv:{len(ids) + 1}: field 'relevance'"):
+        read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int})
+
+
+@pytest.mark.parametrize("value", ["100000000000000000000000", "9223372036854775808", "-9223372036854775809",
+                                   "1e23", "1.0"])
+def test_tsv_integer_outside_int64_names_line_field_and_range(tmp_path, value):
+    file = tmp_path / "qrels.tsv"
+    file.write_text(f"q1\td1\t1\nq1\td2\t{value}\n")
+    with pytest.raises(DatasetError) as error:
+        read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int})
+    assert f"{file}:2: field 'relevance'" in str(error.value)
+    assert "a 64-bit signed integer, -9223372036854775808 to 9223372036854775807" in str(error.value)
+
+
+def test_tsv_integer_at_int64_bounds_is_kept(tmp_path):
+    file = tmp_path / "qrels.tsv"
+    file.write_text(f"q1\td1\t{2**63 - 1}\nq1\td2\t{-2**63}\n")
+    frame, _ = read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int})
+    assert QRELS.conform(frame)["relevance"].tolist() == [2**63 - 1, -2**63]
+
+
+@pytest.mark.parametrize("value,message", [
+    ("100000000000000000000000", "field 'relevance' is 100000000000000000000000, outside the 64-bit signed integer "
+                                 "range; expected a 64-bit signed integer, -9223372036854775808 to 9223372036854775807"),
+    ("-9223372036854775809", "field 'relevance' is -9223372036854775809, outside the 64-bit signed integer range"),
+    ("1e23", "field 'relevance' must be an integer, got float 1e+23; expected a 64-bit signed integer"),
+    ("9" * 5000, "invalid JSON (Exceeds the limit (4300 digits)"),
+    ("[" * 100_000, "invalid JSON (maximum recursion depth exceeded"),
+], ids=["1e23-integer", "below-int64", "1e23-float", "5000-digits", "deep-nesting"])
+def test_jsonl_integer_outside_int64_names_line_field_and_range(tmp_path, value, message):
+    file = tmp_path / "judgments.jsonl"
+    file.write_text('{"query_id": "q1", "relevance": 1}\n{"query_id": "q2", "relevance": ' + value + "}\n")
+    with pytest.raises(DatasetError) as error:
+        read_jsonl(file, {"query_id": str, "relevance": int})
+    assert f"{file}:2: {message}" in str(error.value)
+
+
+@pytest.mark.parametrize("value", [10**23, 2**63, 1e23, -2.0**64])
+def test_schema_refuses_integers_int64_cannot_hold(value):
+    frame = pd.DataFrame({"query_id": ["q1", "q2"], "doc_id": ["d1", "d2"], "relevance": [1, value]})
+    with pytest.raises(DatasetError, match="qrels.relevance must be int64; record 1 has"):
+        QRELS.conform(frame, "qrels.tsv")
+
+
+def test_document_just_above_the_size_limit_is_refused_at_ingest(tmp_path, demo_dataset):
+    folder = write_covlab_layout(demo_dataset, tmp_path / "large")
+    corpus = folder / "corpus.jsonl"
+    original = corpus.read_text(encoding="utf-8")
+    corpus.write_text(_with_first_text(original, "a" * MAX_DOCUMENT_CHARS), encoding="utf-8")
+    assert len(read_dataset("large", "covlab", str(folder)).corpus["text"][0]) == MAX_DOCUMENT_CHARS
+    corpus.write_text(_with_first_text(original, "a" * (MAX_DOCUMENT_CHARS + 1)), encoding="utf-8")
+    with pytest.raises(DatasetError) as error:
+        read_dataset("large", "covlab", str(folder))
+    assert (f"{corpus}:1: text has 1,000,001 characters; expected at most 1,000,000 per document"
+            in str(error.value))

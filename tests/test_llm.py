@@ -1,11 +1,15 @@
 """The LLM resource against a real local HTTP server: transport retries and their waits, format re-asks,
-the answer cache, the concurrency limit, backend "none", and an API key that is sent but never shown."""
+the answer cache, the concurrency limit, backend "none", a total deadline and a size limit on responses,
+and an API key and URL credentials that are sent but never shown."""
 
+import base64
 import json
 import logging
 import random
 import threading
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, EnvVar, asset, materialize
@@ -13,8 +17,8 @@ from fake_llm_server import FakeLLMServer, Reply
 from sqlalchemy import create_engine, select, text
 
 from covlab.models.prompts import parse_subquestions
-from covlab.resources.llm import (LLM_CACHE, LLMFormatError, LLMRequestError, LLMResource, LLMUnavailable,
-                                  request_key)
+from covlab.resources.llm import (ERROR_BODY_CHARS, LLM_CACHE, LLMFormatError, LLMRequestError, LLMResource,
+                                  LLMUnavailable, request_key)
 
 KEY = "sk-test-5f3c9a1e7d-not-a-real-key"
 PROMPT = "decompose-test"
@@ -299,3 +303,101 @@ def test_env_var_key_in_a_dagster_run(server, cache_url, monkeypatch, caplog):
     assert "attempt 1/" in events  # the retry warning reached the run's event log ...
     for text in (events, run_config, caplog.text, seen["repr"]):
         assert KEY not in text  # ... and the key reached none of these
+
+
+def test_a_trickled_body_is_cut_off_at_the_deadline(server, make_llm):
+    """timeout_s bounds the whole attempt: a body arriving a byte every 0.1 s, each read far inside the
+    timeout, still fails within twice timeout_s, and is retried like a timeout."""
+    timeout = 0.5
+    server.script(Reply.trickle(100, interval_s=0.1))
+    started = time.monotonic()
+    with pytest.raises(LLMRequestError, match=r"failed 1 times; last: no complete response within timeout_s = 0.5 s"):
+        make_llm(timeout_s=timeout, max_retries=0).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert time.monotonic() - started < 2 * timeout
+    server.script(Reply.trickle(100, interval_s=0.1), Reply.answer('["a"]'))
+    assert make_llm(timeout_s=timeout, max_retries=1).chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]
+    assert len(server.requests) == 3
+
+
+HUGE_BODY = 100 * 2**20
+
+
+def peak_rss_rise(action) -> int:
+    """Bytes by which this process's peak resident set (VmHWM) rose while `action` ran."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        pytest.skip("reading the peak resident set needs Linux's /proc/self/status")
+
+    def peak() -> int:
+        line = next(line for line in status.read_text().splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
+
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # resets the peak to the current resident set
+    except OSError:
+        pass  # then the peak so far is the baseline, which can only understate the rise
+    before = peak()
+    action()
+    return peak() - before
+
+
+@pytest.mark.parametrize("status, declare_length", [(200, True), (200, False), (500, True), (500, False)],
+                         ids=["200-with-length", "200-until-close", "500-with-length", "500-until-close"])
+def test_a_huge_body_is_not_read_past_the_cap(server, make_llm, status, declare_length):
+    server.script(Reply.huge(HUGE_BODY, status=status, declare_length=declare_length))
+    llm = make_llm(timeout_s=10.0, max_retries=0)
+    errors = []
+
+    def ask() -> None:
+        with pytest.raises(LLMRequestError) as error:
+            llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+        errors.append(error.value)
+
+    assert peak_rss_rise(ask) < HUGE_BODY / 4
+    (error,) = errors
+    assert (error.status, error.attempts) == (status, 1)
+    if status == 200:
+        assert f"body larger than max_response_bytes = {llm.max_response_bytes} bytes" in str(error)
+    else:
+        assert f"last: HTTP 500: {'x' * ERROR_BODY_CHARS}..." in str(error)
+        assert len(str(error)) < 2 * ERROR_BODY_CHARS
+
+
+@pytest.mark.parametrize("reply", ["refused", "retried", "not-a-completion", "unparsable-answer"])
+def test_a_key_straddling_the_quote_limit_leaves_no_piece(server, make_llm, caplog, reply):
+    """Quoted response text is redacted before it is cut: wherever the key sits around ERROR_BODY_CHARS, no
+    six characters of it reach the error or the log."""
+    caplog.set_level(logging.DEBUG)
+    pieces = {KEY[start:start + 6] for start in range(len(KEY) - 5)}
+    llm = make_llm(max_retries=1, max_format_retries=0)
+    for offset in range(ERROR_BODY_CHARS - len(KEY) + 1, ERROR_BODY_CHARS):  # the key crosses the limit
+        text = "." * offset + KEY + "." * 50
+        server.script(*{"refused": [Reply.error(400, text)], "retried": [Reply.error(500, text)] * 2,
+                        "not-a-completion": [Reply.garbage(text)], "unparsable-answer": [Reply.answer(text)]}[reply])
+        with pytest.raises((LLMRequestError, LLMFormatError)) as error:
+            llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+        shown = f"{error.value}\n{caplog.text}"
+        assert not [piece for piece in pieces if piece in shown], offset
+        assert "*" in str(error.value), offset  # the quote did reach the key, replaced (perhaps cut in "***")
+
+
+def test_credentials_in_the_base_url_are_never_shown(server, make_llm, cache_url, caplog):
+    caplog.set_level(logging.DEBUG)
+    password = "pa55-w0rd%21n0t-shown"  # percent-encoded: the endpoint gets "pa55-w0rd!n0t-shown"
+    secrets = (password, "pa55-w0rd!n0t-shown")
+    base_url = server.url.replace("http://", f"http://covlab:{password}@")
+    shown_url = server.url.replace("http://", "http://***@")
+    llm = make_llm(base_url=base_url, max_retries=1)
+    assert llm.describe()["base_url"] == shown_url
+    server.script(Reply.error(503), Reply.error(400, "bad request"))
+    with pytest.raises(LLMRequestError, match="refused the request") as error:
+        llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert [request.headers["Authorization"] for request in server.requests] == [
+        "Basic " + base64.b64encode(b"covlab:pa55-w0rd!n0t-shown").decode()] * 2  # sent, decoded, as basic auth
+    assert "attempt 1/2 failed (HTTP 503" in caplog.text
+    with pytest.raises(LLMUnavailable) as unavailable:
+        LLMResource(base_url=base_url, cache_url=cache_url).require("subquestions")
+    for text in (json.dumps(llm.describe()), str(error.value), str(unavailable.value)):
+        assert shown_url in text
+    for text in (json.dumps(llm.describe()), str(error.value), str(unavailable.value), caplog.text):
+        assert not [secret for secret in secrets if secret in text]

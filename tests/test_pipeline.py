@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from dagster import AssetKey, Definitions
+from dagster import AssetCheckSeverity, AssetKey, Definitions
 
 from covlab.orchestration.automation import evaluation_selection
 from covlab.orchestration.cli import materialize
 from covlab.orchestration.definitions import ASSETS, default_resources
 from covlab.orchestration.lineage import audit_figures, audit_materialization, render_json, render_text
+from covlab.resources.evaluation import EvaluationResource
 
 PIPELINE = [a for a in ASSETS if not {k.to_user_string() for k in a.keys} & {"answers", "answer_report"}]
 
@@ -107,9 +108,33 @@ def test_report_metadata_results_store_and_registered_models(built):
         assert tags["dagster.asset_key"] == selector and tags["dagster.partition"] == "demo"
         assert tags["dagster.run_id"] == built["result"].run_id
         assert "input_data_version.coverage_judgments" in tags
-        assert set(versions[0].aliases) == {"candidate", "champion"}  # first version: promoted
+    # first versions: the bi-encoder is promoted; the near-chance tiny estimator is gated (next test)
+    assert set(tracking.versions("covlab.demo.coverage_biencoder")[0].aliases) == {"candidate", "champion"}
+    assert set(tracking.versions("covlab.demo.coverage_estimator")[0].aliases) == {"candidate"}
     checks = {e.check_name: e.passed for e in built["result"].get_asset_check_evaluations()}
-    assert checks["coverage_estimator_champion"] and checks["coverage_biencoder_champion"]
+    assert checks["coverage_biencoder_champion"] and not checks["coverage_estimator_champion"]
+
+
+@pytest.mark.slow
+def test_a_near_chance_estimator_warns_and_every_selection_on_it_keeps_the_fallback_order(built):
+    """The tiny one-epoch estimator is near chance on demo: its check warns without stopping the run, the
+    selections on its estimates equal the coverage bi-encoder order and say so, and it stays candidate."""
+    home, result = built["home"], built["result"]
+    dev_auc = json.loads((home / "storage" / "coverage_estimator" / "demo.json").read_text())["dev_auc"]
+    assert dev_auc < EvaluationResource().min_estimator_dev_auc
+    evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
+    gate = evaluations["coverage_estimator_dev_auc"]
+    assert not gate.passed and gate.severity == AssetCheckSeverity.WARN
+    assert gate.metadata["dev_auc"].value == dev_auc
+    calibration = evaluations["estimated_gold_coverage_calibration"].metadata
+    assert 0 <= calibration["brier"].value <= 1 and 0 <= calibration["ece"].value <= 1
+    assert "is not promoted to champion" in evaluations["coverage_estimator_champion"].metadata["decision"].value
+    fallback = _stored(home, "selection_relevance_coverage_trained")
+    for name in ("coverage_greedy", "coverage_greedy_soft", "gold_nugget_bound", "gold_nugget_bound_soft"):
+        assert _stored(home, f"selection_{name}").equals(fallback), name
+        event = result.asset_materializations_for_node(f"selection_{name}")[0]
+        assert event.metadata["fell_back"].value is True, name
+        assert f"dev ROC-AUC {dev_auc:.4f} < 0.6500" in event.metadata["estimator_gate"].value, name
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ def test_migrated_schema_matches_the_orm(store):
 
     with store.engine().connect() as connection:
         context = MigrationContext.configure(connection)
-        assert context.get_current_revision() == "0001"
+        assert context.get_current_revision() == "0002"
         assert compare_metadata(context, Base.metadata) == []
         # The comparison sees differences: the same tables plus one column do not match.
         altered = MetaData()
@@ -107,7 +107,7 @@ def test_concurrent_first_use_migrates_once(store_settings):
     assert sorted(stored["run_id"].unique()) == [f"run-{i}" for i in range(processes)]
     assert stored.groupby("run_id")["materialization_id"].nunique().eq(1).all()
     with results.engine().connect() as connection:
-        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0001"]
+        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == ["0002"]
     results.dispose()
 
 
@@ -234,3 +234,18 @@ def test_db_schema_needs_postgresql_and_a_plain_name(tmp_path):
         ResultsStore(url=f"sqlite:///{tmp_path / 'r.db'}", db_schema="reports").engine()
     with pytest.raises(ValueError, match="not a plain identifier"):
         ResultsStore(url=POSTGRES_URL, db_schema='x"; DROP TABLE y; --').engine()
+
+
+def test_reports_are_pending_until_confirmed(store):
+    orphan = store.write_report(record(run_id="killed"), figures([("demo", "mmr", 128, None, "alpha_ndcg", None, 0.3)]))
+    kept = store.write_report(record(run_id="done"), figures([("demo", "mmr", 128, None, "alpha_ndcg", None, 0.3)]))
+    assert [m for m, _ in store.pending()] == [orphan, kept]
+    store.confirm(kept)
+    store.confirm(kept)  # idempotent
+    assert [m for m, _ in store.pending()] == [orphan]
+    assert store.find_value(0.3)["materialization_id"].tolist() == [orphan, kept]
+    confirmed = store.find_value(0.3, confirmed_only=True)
+    assert confirmed["materialization_id"].tolist() == [kept] and confirmed["confirmed_at"].notna().all()
+    assert store.figures(confirmed_only=True)["run_id"].tolist() == ["done"]
+    with pytest.raises(KeyError, match="no report materialization 999"):
+        store.confirm(999)

@@ -1,6 +1,7 @@
 """Greedy coverage selection (METHODS.md §1): exhaustive search where greedy is provably optimal, the
 (1 - 1/e) bound everywhere, the documented counterexample to "greedy beats relevance at every prefix",
-tie-breaking and fill, the soft extension, and the per-query driver on the demo dataset."""
+tie-breaking and fill, the soft extension and its blend with the fallback order, the estimator gate and
+calibration measures, and the per-query driver on the demo dataset."""
 
 import itertools
 
@@ -9,8 +10,9 @@ import pandas as pd
 import pytest
 
 from covlab.models.pools import rank_within_queries
-from covlab.models.selection import (SELECTIONS, coverage_curve, greedy_coverage, relevance_order,
-                                     select_per_query, soft_greedy_coverage)
+from covlab.models.selection import (SELECTIONS, blended_soft_greedy, brier_score, choose_blend_weight,
+                                     coverage_curve, estimator_trusted, expected_calibration_error,
+                                     greedy_coverage, relevance_order, select_per_query, soft_greedy_coverage)
 
 INSTANCES = 300
 
@@ -150,6 +152,94 @@ def test_soft_greedy_maximises_expected_new_coverage():
                       [0.0, 0.0, 0.8]])
     assert soft_greedy_coverage(probs, np.zeros(3), 3).tolist() == [1, 2, 0]
     assert greedy_coverage(probs >= 0.3, np.zeros(3), 3).tolist() == [0, 2, 1]
+
+
+def soft_instances(seed: int):
+    """Random probabilities, some exactly 0 or 1, with tied tie-break scores."""
+    rng = np.random.default_rng(seed)
+    for _ in range(INSTANCES):
+        n_docs, n_subquestions = int(rng.integers(1, 12)), int(rng.integers(0, 7))
+        probs = rng.random((n_docs, n_subquestions))
+        probs[rng.random(probs.shape) < 0.2] = 0.0
+        probs[rng.random(probs.shape) < 0.1] = 1.0
+        yield probs, rng.integers(0, 4, size=n_docs).astype(float)
+
+
+def test_blend_weight_one_is_exactly_soft_greedy_and_weight_zero_exactly_the_fallback_order():
+    for probs, tie_break in soft_instances(7):
+        for k in (1, 4, len(probs) + 2):
+            assert (blended_soft_greedy(probs, tie_break, k, 1.0).tolist()
+                    == soft_greedy_coverage(probs, tie_break, k).tolist())
+            assert blended_soft_greedy(probs, tie_break, k, 0.0).tolist() == relevance_order(tie_break, k).tolist()
+
+
+def test_blend_trades_expected_gain_against_fallback_rank():
+    """Known answer, 2 subquestions, fallback order d0, d1, d2 (f = 1, 2/3, 1/3), score = w g / 2 + (1 - w) f.
+    Step 1 gains: d0 0.2, d1 1.0, d2 2.0.
+    w = 0.5: d0 0.05 + 0.5 = 0.55, d1 0.25 + 0.333 = 0.583, d2 0.5 + 0.167 = 0.667 -> d2; then everything is
+    covered (gains 0): fallback order d0, d1.
+    w = 0.25: d0 0.025 + 0.75 = 0.775, d1 0.125 + 0.5 = 0.625, d2 0.25 + 0.25 = 0.5 -> d0; open (0.9, 0.9):
+    d1 gain 0.9 -> 0.1125 + 0.5 = 0.6125, d2 gain 1.8 -> 0.225 + 0.25 = 0.475 -> d1, then d2.
+    w = 1 is soft greedy: d2, then nothing is open and the fallback order fills."""
+    probs = np.array([[0.1, 0.1], [1.0, 0.0], [1.0, 1.0]])
+    tie_break = np.array([3.0, 2.0, 1.0])
+    assert blended_soft_greedy(probs, tie_break, 3, 0.5).tolist() == [2, 0, 1]
+    assert blended_soft_greedy(probs, tie_break, 3, 0.25).tolist() == [0, 1, 2]
+    assert blended_soft_greedy(probs, tie_break, 3, 1.0).tolist() == [2, 0, 1]
+    with pytest.raises(ValueError, match=r"weight must lie in \[0, 1\]"):
+        blended_soft_greedy(probs, tie_break, 3, 1.5)
+
+
+def test_choose_blend_weight_keeps_the_fallback_unless_the_estimate_helps_on_the_tune_split():
+    """Two tune queries whose pool order puts the second nugget's only document last (rank 4), and a test
+    query. An estimate that points at that document lifts alpha-nDCG on dev: some w > 0 wins. An estimate
+    that points at a document covering nothing can only lose: w = 0, the fallback, is kept."""
+    queries = pd.DataFrame({"query_id": ["a", "b", "t"], "split": ["dev", "dev", "test"]})
+    docs = ["1", "2", "3", "4"]
+    pool = pd.DataFrame({"query_id": np.repeat(["a", "b", "t"], 4), "doc_id": [f"{q}{d}" for q in "abt" for d in docs],
+                         "rank": np.tile([1, 2, 3, 4], 3), "score": 0.0})
+    links = pd.DataFrame({"query_id": ["a", "a", "b", "b", "t", "t"],
+                          "doc_id": ["a1", "a4", "b1", "b4", "t1", "t4"],
+                          "nugget_id": ["a-n1", "a-n2", "b-n1", "b-n2", "t-n1", "t-n2"], "grade": 1})
+
+    def estimate(points_at: str) -> pd.DataFrame:
+        rows = [{"query_id": q, "doc_id": f"{q}{d}", "subq_id": f"{q}-n2",
+                 "probability": 0.9 if d == points_at else 0.1} for q in "abt" for d in docs]
+        return pd.DataFrame(rows)
+
+    helpful = choose_blend_weight(pool, queries, "dev", estimate("4"), links, [0, 0.5, 1], k=2, alpha=0.5)
+    assert helpful.weight > 0 and helpful.queries == 2 and helpful.split == "dev"
+    assert helpful.scores[helpful.weight] > helpful.fallback_score
+    misleading = choose_blend_weight(pool, queries, "dev", estimate("2"), links, [0, 0.5, 1], k=2, alpha=0.5)
+    assert misleading.weight == 0.0 and misleading.scores[1.0] < misleading.fallback_score
+    evidence = misleading.evidence()
+    assert evidence["weight"] == 0.0 and evidence["metric"] == "alpha_ndcg@2"
+    assert set(evidence["scores"]) == {"0.0", "0.5", "1.0"} and evidence["chosen_score"] == evidence["fallback_score"]
+    with pytest.raises(ValueError, match="include 0"):
+        choose_blend_weight(pool, queries, "dev", estimate("4"), links, [0.5, 1], k=2, alpha=0.5)
+    with pytest.raises(ValueError, match="no pooled queries in split 'train'"):
+        choose_blend_weight(pool, queries, "train", estimate("4"), links, [0, 1], k=2, alpha=0.5)
+
+
+def test_estimator_gate():
+    assert estimator_trusted(0.65, 0.65).trusted and estimator_trusted(0.9, 0.65).trusted
+    low = estimator_trusted(0.545, 0.65)
+    assert not low.trusted and "0.5450 < 0.6500" in low.reason
+    assert not estimator_trusted(float("nan"), 0.65).trusted
+
+
+def test_brier_score_and_expected_calibration_error_known_answers():
+    labels = np.array([1, 0, 1, 0])
+    probs = np.array([0.9, 0.1, 0.6, 0.6])
+    # Brier: (0.01 + 0.01 + 0.16 + 0.36) / 4 = 0.135.
+    assert brier_score(labels, probs) == pytest.approx(0.135)
+    # ECE, 10 bins: {0.1} 1/4 * |0.1 - 0|, {0.6, 0.6} 2/4 * |0.6 - 0.5|, {0.9} 1/4 * |0.9 - 1| -> 0.1.
+    assert expected_calibration_error(labels, probs) == pytest.approx(0.1)
+    assert expected_calibration_error(np.array([1, 0]), np.array([1.0, 0.0])) == 0.0  # p = 1 in the last bin
+    with pytest.raises(ValueError, match="equal-length"):
+        brier_score(labels, probs[:3])
+    with pytest.raises(ValueError, match="0/1"):
+        expected_calibration_error(np.array([2]), np.array([0.5]))
 
 
 def test_k_larger_than_pool_returns_every_document_once():
