@@ -3,9 +3,11 @@
 its dev ROC-AUC is below `EvaluationResource.min_estimator_dev_auc`; the calibration check measures the
 estimated probabilities against the gold nugget links on the tune split's pools."""
 
+import warnings
+
 import numpy as np
 import pandas as pd
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetIn, asset_check
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetIn, PreviewWarning, asset_check
 from sklearn.metrics import roc_auc_score
 
 from covlab.assets.coverage import coverage_estimator, estimated_gold_coverage_matrix
@@ -14,6 +16,10 @@ from covlab.models.coverage import gold_labels
 from covlab.models.selection import brier_score, estimator_trusted, expected_calibration_error
 from covlab.resources.evaluation import EvaluationResource
 
+# Checks on partitioned assets take the assets' partitions_def, a Dagster preview feature that warns at every
+# import of this module (each CLI call): known and wanted here, so that one warning is silenced, not others.
+warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
+                        category=PreviewWarning)
 CALIBRATION_BINS = 10  # equal-width probability bins of the expected calibration error
 
 

@@ -1,7 +1,8 @@
 """Selections, one asset per method: for every evaluated query, the k documents put into the context
 (query_id, rank, doc_id). All start from the same BM25 pool (METHODS.md §1). A method on estimated
 coverage is never meant to do worse than its fallback, the coverage bi-encoder order: below the estimator
-gate it selects in that order, and soft greedy only moves away from it as far as the tune split rewards."""
+gate it selects in that order, and above it hard and soft greedy move away from that order only as far as
+the tune split rewards (the blend weight chosen on dev)."""
 
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ from dagster import AssetIn, AssetKey, MetadataValue, Output, asset
 
 from covlab.assets.partitions import DATASETS
 from covlab.models.coverage import queries_of, rank_pool_by
-from covlab.models.selection import choose_blend_weight, estimator_trusted, select_per_query
+from covlab.models.selection import select_per_query, select_trusting_estimate
 from covlab.resources.evaluation import EvaluationResource
 
 
@@ -30,12 +31,14 @@ METHODS = [
     SelectionMethod("relevance_coverage_trained", "coverage-trained bi-encoder order (+ coverage training)",
                     "coverage_trained"),
     SelectionMethod("coverage_greedy", "greedy max-marginal coverage on the estimated matrix at tau, ties and "
-                    "fill by the coverage bi-encoder (+ estimator and greedy)", "coverage_trained", "greedy",
+                    "fill by the coverage bi-encoder, blended with that order by the weight chosen on the tune "
+                    "split (+ estimator and greedy)", "coverage_trained", "greedy",
                     "estimated_coverage_matrix"),
     SelectionMethod("coverage_greedy_soft", "[chosen extension] soft greedy on the estimated probabilities, blended "
                     "with the coverage bi-encoder order by the weight chosen on the tune split",
                     "coverage_trained", "soft_greedy", "estimated_coverage_matrix"),
-    SelectionMethod("gold_nugget_bound", "the pipeline with the gold nuggets as subquestions (gold nuggets)",
+    SelectionMethod("gold_nugget_bound", "the pipeline with the gold nuggets as subquestions, blended as "
+                    "coverage_greedy (gold nuggets)",
                     "coverage_trained", "greedy", "estimated_gold_coverage_matrix"),
     SelectionMethod("gold_nugget_bound_soft", "[chosen extension] soft greedy on the estimator's probabilities "
                     "for the gold nuggets, blended as coverage_greedy_soft", "coverage_trained", "soft_greedy",
@@ -55,37 +58,34 @@ def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.
                queries: pd.DataFrame, evaluation: EvaluationResource, coverage: pd.DataFrame | None,
                coverage_estimator: dict | None = None, nugget_links: pd.DataFrame | None = None
                ) -> Output[pd.DataFrame]:
-    """One method's run. A method on estimated coverage first asks the estimator gate: below it, the pool
-    order (its fallback) is the selection. Soft greedy blends the estimate with that order by the weight
-    chosen on the tune split."""
+    """One method's run; a method on estimated coverage goes through the estimator gate and the blend
+    (models/selection.py: select_trusting_estimate)."""
     pool = _ranked_pool(bm25_pools, pool_scores, queries, evaluation, spec.ranking)
     columns = ("nugget_id", "grade", 1.0) if spec.gold else ("subq_id", "probability", evaluation.tau)
     metadata = {"k": evaluation.k, "method": spec.method, "ordered_by": spec.ranking or "bm25",
                 "settings": MetadataValue.json(evaluation.model_dump())}
-    method, weight = spec.method, 1.0
-    if coverage_estimator is not None:
-        trust = estimator_trusted(coverage_estimator["dev_auc"], evaluation.min_estimator_dev_auc)
-        metadata.update(fell_back=not trust.trusted, estimator_gate=trust.reason,
-                        estimator_dev_auc=float(coverage_estimator["dev_auc"]))
-        if not trust.trusted:
-            method = "relevance"
-    if method == "soft_greedy":
-        choice = choose_blend_weight(pool, queries, evaluation.tune_split, coverage, nugget_links,
-                                     evaluation.blend_weights, evaluation.k, evaluation.alpha, *columns[:2])
-        weight = choice.weight
-        metadata.update(blend_weight=weight, blend=MetadataValue.json(choice.evidence()))
-    selected = select_per_query(pool, method, evaluation.k, coverage, nugget_column=columns[0],
-                                value_column=columns[1], threshold=columns[2], weight=weight)
+    if coverage_estimator is None:
+        selected = select_per_query(pool, spec.method, evaluation.k, coverage, nugget_column=columns[0],
+                                    value_column=columns[1], threshold=columns[2])
+    else:
+        selected, decision = select_trusting_estimate(
+            pool, spec.method, evaluation.k, coverage, columns[0], columns[1], columns[2],
+            dev_auc=coverage_estimator["dev_auc"], min_dev_auc=evaluation.min_estimator_dev_auc, queries=queries,
+            tune_split=evaluation.tune_split, nugget_links=nugget_links, weights=evaluation.blend_weights,
+            alpha=evaluation.alpha)
+        metadata.update(decision)
+        if "blend" in decision:
+            metadata["blend"] = MetadataValue.json(decision["blend"])
     return Output(selected, metadata={"queries": int(selected["query_id"].nunique()), **metadata})
 
 
 def selection_asset(spec: SelectionMethod, code_version: str | None = None):
     """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, a covering
-    method also its coverage matrix; one on estimated coverage also the estimator (its gate), and soft
-    greedy the gold nugget links (its blend weight is chosen on the tune split)."""
+    method also its coverage matrix; one on estimated coverage also the estimator (its gate) and the gold
+    nugget links (its blend weight is chosen on the tune split)."""
     estimated = spec.coverage is not None and not spec.gold
     common = dict(name=f"selection_{spec.name}", partitions_def=DATASETS, group_name="selections",
-                  code_version=code_version or ("2" if estimated else "1"),
+                  code_version=code_version or ("3" if estimated else "1"),
                   description=f"Selection: {spec.description}.")
     if spec.ranking is None and spec.coverage is None:
         @asset(**common)
@@ -111,15 +111,6 @@ def selection_asset(spec: SelectionMethod, code_version: str | None = None):
             return _selection(spec, bm25_pools, pool_scores, queries, evaluation, coverage)
 
         return covering
-
-    if spec.method != "soft_greedy":
-        @asset(ins=coverage_in, **common)
-        def gated(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
-                  coverage: pd.DataFrame, coverage_estimator: dict,
-                  evaluation: EvaluationResource) -> Output[pd.DataFrame]:
-            return _selection(spec, bm25_pools, pool_scores, queries, evaluation, coverage, coverage_estimator)
-
-        return gated
 
     @asset(ins=coverage_in, **common)
     def blended(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,

@@ -134,6 +134,7 @@ def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataF
       judgments: rating >= 4, estimator: p >= tau = 0.3).
     - soft_greedy: `blended_soft_greedy` on the values themselves (probabilities in [0, 1]) with `weight`
       (1: plain `soft_greedy_coverage`, 0: the pool order).
+    - greedy blends too, on the 0/1 matrix: weight 1 (the default) is `greedy_coverage`.
     Ties and fill follow the pool rank (rank 1 first): a reranked pool carries the bi-encoder order.
     `coverage` is long-form (query_id, doc_id, <nugget_column>, <value_column>); the defaults read a
     NUGGET_LINKS table. The subquestions of a query are those named in its coverage rows; pool documents
@@ -151,8 +152,9 @@ def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataF
             chosen = relevance_order(pool_order, k)
         else:
             matrix = _query_matrix(doc_ids, by_query.get(query_id), nugget_column, value_column)
-            chosen = (greedy_coverage(matrix >= threshold, pool_order, k) if method == "greedy"
-                      else blended_soft_greedy(matrix, pool_order, k, weight))
+            # On the 0/1 matrix of hard greedy the blend at weight 1 is `greedy_coverage` itself.
+            covers = (matrix >= threshold).astype(float) if method == "greedy" else matrix
+            chosen = blended_soft_greedy(covers, pool_order, k, weight)
         frames.append(pd.DataFrame({"query_id": query_id, "rank": np.arange(1, len(chosen) + 1),
                                     "doc_id": doc_ids[chosen]}))
     return SELECTIONS.conform(pd.concat(frames, ignore_index=True) if frames else SELECTIONS.empty(),
@@ -182,8 +184,10 @@ class BlendChoice:
 
 def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, coverage: pd.DataFrame,
                         nugget_links: pd.DataFrame, weights: Sequence[float], k: int, alpha: float,
-                        nugget_column: str = "subq_id", value_column: str = "probability") -> BlendChoice:
-    """[chosen] The weight of `blended_soft_greedy` with the best mean alpha-nDCG@k against the gold nuggets
+                        nugget_column: str = "subq_id", value_column: str = "probability",
+                        method: str = "soft_greedy", threshold: float = 1.0) -> BlendChoice:
+    """[chosen] The weight of `blended_soft_greedy` (for `method` soft_greedy, or greedy on the matrix at
+    `threshold`) with the best mean alpha-nDCG@k against the gold nuggets
     (models/metrics.py, ndeval) on the `split` queries of `pool`, ties toward the smaller weight (the
     fallback). `weights` must include 0, the pool order itself, so the chosen rule never scores below the
     fallback on that split. `queries` is a QUERIES table (query_id, split); `coverage` is long-form as in
@@ -200,12 +204,33 @@ def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, c
     no_document_judgments = pd.DataFrame({"query_id": [], "doc_id": [], "relevance": []})  # alpha-nDCG reads links
     scores = {}
     for w in grid:
-        run = select_per_query(tune_pool, "soft_greedy", k, coverage, nugget_column, value_column, weight=w)
+        run = select_per_query(tune_pool, method, k, coverage, nugget_column, value_column, threshold=threshold,
+                               weight=w)
         measured = evaluate_run(run, nugget_links, no_document_judgments, k=k, alpha=alpha)
         scores[w] = float(measured.loc[measured["metric"] == metric, "value"].mean())
     best = max(grid, key=lambda w: (scores[w], -w))
     return BlendChoice(weight=best, scores=scores, metric=metric, split=split,
                        queries=int(tune_pool["query_id"].nunique()))
+
+
+def select_trusting_estimate(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataFrame, nugget_column: str,
+                             value_column: str, threshold: float, *, dev_auc: float, min_dev_auc: float,
+                             queries: pd.DataFrame, tune_split: str, nugget_links: pd.DataFrame,
+                             weights: Sequence[float], alpha: float) -> tuple[pd.DataFrame, dict]:
+    """A selection on an estimated coverage matrix that is never worse than its fallback, the pool order:
+    below the estimator gate (`estimator_trusted`) the pool order itself; above it `method` blended with
+    the pool order by the weight chosen on the tune split (`choose_blend_weight`). Returns the run and
+    the decision for metadata: fell_back, estimator_gate, estimator_dev_auc, and blend_weight with its
+    dev evidence (`blend`) when the estimate is followed."""
+    trust = estimator_trusted(dev_auc, min_dev_auc)
+    decision = {"fell_back": not trust.trusted, "estimator_gate": trust.reason, "estimator_dev_auc": float(dev_auc)}
+    if not trust.trusted:
+        return select_per_query(pool, "relevance", k), decision
+    choice = choose_blend_weight(pool, queries, tune_split, coverage, nugget_links, weights, k, alpha,
+                                 nugget_column, value_column, method=method, threshold=threshold)
+    decision.update(blend_weight=choice.weight, blend=choice.evidence())
+    return select_per_query(pool, method, k, coverage, nugget_column=nugget_column, value_column=value_column,
+                            threshold=threshold, weight=choice.weight), decision
 
 
 class Trust(NamedTuple):

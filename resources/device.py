@@ -3,7 +3,9 @@ CPU otherwise, said in the log). torch is imported lazily."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import gc
 import resource
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -72,7 +74,14 @@ PEAK_RSS = "peak_rss_mib"  # metadata entry of every step measured by `reports_p
 
 def reset_peak_rss() -> bool:
     """Reset this process's peak resident set size (Linux >= 4.0: "5" into /proc/self/clear_refs), so
-    that the next reading is the peak of what runs from now on; False where the kernel does not allow it."""
+    that the next reading is the peak of what runs from now on; False where the kernel does not allow it.
+    Heap memory that earlier work freed is first handed back to the system (glibc's malloc_trim): glibc
+    keeps it mapped otherwise, and every later step of an in-process run would carry it in its RSS."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to trim, the reading is still an upper bound
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True

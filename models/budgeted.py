@@ -1,0 +1,362 @@
+"""Context selection under a budget of k items or B tokens (METHODS.md §2 "Problem", "Baselines"; §3; §5),
+behind one typed interface: every selector is a small frozen dataclass called as `selector(pool, budget)`.
+
+Conventions shared by every selector here:
+- a selection is an array of distinct indices into the pool, in selection order, whose cost never exceeds
+  the budget (k items, or B tokens summed over `Pool.tokens`);
+- "fits" means the item's cost in budget units (1 per item under a k budget, its tokens under a token
+  budget) still fits what is left of the budget; an item that does not fit is skipped, not a reason to stop;
+- greedy selectors evaluate their candidates in relevance order, so ties go to the more relevant item, then
+  to the lower index (as in models/selection.py);
+- similarities are dot products of L2-normalised embeddings (cosines); MMR and AdaGReS keep one similarity
+  row per selected item and update their penalties from it; nothing pool x pool is precomputed except the
+  facility-location similarity matrix, which is that method's definition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+# How far an embedding row's norm may stray from 1 and still count as L2-normalised (float32 encoders).
+NORM_TOLERANCE = 1e-4
+# adaptive_beta's fallback (METHODS.md §3, official code), and how close to 0 a mean pairwise similarity
+# must be to count as 0 there.
+ADAPTIVE_BETA_FALLBACK = 0.01
+ZERO_SIMILARITY = 1e-12
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A selection budget: exactly one of `k` (items) or `tokens` (B, summed token cost), METHODS.md §2."""
+    k: int | None = None
+    tokens: int | None = None
+
+    def __post_init__(self):
+        if (self.k is None) == (self.tokens is None):
+            raise ValueError(f"a Budget is either k items or B tokens, exactly one; got k={self.k!r}, "
+                             f"tokens={self.tokens!r}")
+        value = self.limit
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"a Budget's {'k' if self.k is not None else 'tokens'} must be a non-negative "
+                             f"integer; got {value!r}")
+
+    @property
+    def limit(self) -> int:
+        """The budget in its own unit: items for a k budget, tokens for a token budget."""
+        return self.k if self.k is not None else self.tokens
+
+    def costs(self, tokens: np.ndarray) -> np.ndarray:
+        """Each item's cost in budget units: 1 per item under a k budget, its tokens under a token budget."""
+        tokens = np.asarray(tokens)
+        return np.ones(len(tokens), dtype=np.int64) if self.k is not None else tokens.astype(np.int64)
+
+    def fits(self, costs_so_far, cost):
+        """Whether an item of `cost` (budget units; scalar or array) can join a selection that already
+        spends `costs_so_far` without exceeding the budget."""
+        return np.asarray(costs_so_far) + np.asarray(cost) <= self.limit
+
+
+@dataclass(frozen=True, eq=False)
+class Pool:
+    """One query's candidates, read-only.
+
+    - embeddings: (n, d), L2-normalised rows (validated);
+    - query: (d,), any non-zero vector (cosines use its normalised direction);
+    - tokens: (n,) positive integer token costs t(d);
+    - relevance: (n,) relevance scores; default the cosine of each item to the query;
+    - covers: optional (n, V) matrix M[d, v] of coverage probabilities or 0/1, for the coverage selectors;
+    - source_units: optional (n,) labels of the source unit each item comes from (RVC2, METHODS.md §2).
+    """
+    embeddings: np.ndarray
+    query: np.ndarray
+    tokens: np.ndarray
+    relevance: np.ndarray | None = None
+    covers: np.ndarray | None = None
+    source_units: np.ndarray | None = None
+
+    def __post_init__(self):
+        embeddings = np.asarray(self.embeddings, dtype=float)
+        if embeddings.ndim != 2:
+            raise ValueError(f"embeddings must be a 2-D (n_items, dim) matrix; got shape {embeddings.shape}")
+        n, dim = embeddings.shape
+        if not np.isfinite(embeddings).all():
+            raise ValueError("embeddings must be finite")
+        norms = np.linalg.norm(embeddings, axis=1)
+        off = np.flatnonzero(np.abs(norms - 1) > NORM_TOLERANCE)
+        if len(off):
+            raise ValueError(f"embeddings must have L2-normalised rows; row {off[0]} has norm {norms[off[0]]:.6f}")
+        query = np.asarray(self.query, dtype=float)
+        if query.shape != (dim,) or not np.isfinite(query).all() or not np.linalg.norm(query) > 0:
+            raise ValueError(f"query must be a finite non-zero vector of dimension {dim}; got shape {query.shape}")
+        tokens = np.asarray(self.tokens)
+        if tokens.shape != (n,) or (n and (not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 1)):
+            raise ValueError(f"tokens must be {n} positive integers (one per item); got shape {tokens.shape}, "
+                             f"dtype {tokens.dtype}")
+        object.__setattr__(self, "embeddings", _read_only(embeddings))
+        object.__setattr__(self, "query", _read_only(query))
+        object.__setattr__(self, "tokens", _read_only(tokens.astype(np.int64)))
+        if self.relevance is None:
+            relevance = self.query_similarity
+        else:
+            relevance = np.asarray(self.relevance, dtype=float)
+            if relevance.shape != (n,) or not np.isfinite(relevance).all():
+                raise ValueError(f"relevance must be {n} finite scores; got shape {relevance.shape}")
+        object.__setattr__(self, "relevance", _read_only(relevance))
+        if self.covers is not None:
+            covers = np.asarray(self.covers, dtype=float)
+            if covers.ndim != 2 or covers.shape[0] != n:
+                raise ValueError(f"covers must be an (n_items={n}, n_viewpoints) matrix; got shape {covers.shape}")
+            if not ((covers >= 0) & (covers <= 1)).all():
+                raise ValueError("covers must hold probabilities in [0, 1] or 0/1")
+            object.__setattr__(self, "covers", _read_only(covers))
+        if self.source_units is not None:
+            units = np.asarray(self.source_units)
+            if units.shape != (n,):
+                raise ValueError(f"source_units must hold one label per item ({n}); got shape {units.shape}")
+            object.__setattr__(self, "source_units", _read_only(units))
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def query_similarity(self) -> np.ndarray:
+        """sim(q, d): the cosine of every item to the query (METHODS.md §3: dot products of unit vectors)."""
+        return _read_only(self.embeddings @ (self.query / np.linalg.norm(self.query)))
+
+
+@runtime_checkable
+class Selector(Protocol):
+    """The one selector signature: distinct pool indices in selection order, within `budget`."""
+    name: str
+
+    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class RelevanceOrder:
+    """Relevance order under a budget (METHODS.md §2 "Baselines"): walk the items by relevance (higher
+    first, then lower index), add each one that still fits, skip the ones that do not."""
+
+    @property
+    def name(self) -> str:
+        return "relevance"
+
+    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
+        costs = budget.costs(pool.tokens)
+        return _fill(_relevance_order(pool), costs, budget, used=0, chosen=[])
+
+
+@dataclass(frozen=True)
+class MMR:
+    """Maximal marginal relevance (Carbonell & Goldstein 1998, METHODS.md §5; §2 baseline, lambda default 0.5):
+    each step, among the items that fit, argmax lam * sim(d, q) - (1 - lam) * max_{s in S} sim(d, s), the
+    penalty being 0 while S is empty. sim(d, q) is the pool's relevance (the cosine to the query unless the
+    pool carries another score), so lam = 1 is exactly `RelevanceOrder`. Stops when nothing fits."""
+    lam: float = 0.5
+
+    def __post_init__(self):
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"MMR lam must lie in [0, 1]; got {self.lam!r}")
+
+    @property
+    def name(self) -> str:
+        return f"mmr_{self.lam:g}"
+
+    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
+        order = _relevance_order(pool)
+        embeddings, costs = pool.embeddings[order], budget.costs(pool.tokens)[order]
+        relevance = self.lam * pool.relevance[order]
+        max_similarity = np.full(len(order), -np.inf)  # max_{s in S} sim(d, s), updated one row at a time
+        chosen: list[int] = []
+        used = 0
+        available = np.ones(len(order), dtype=bool)
+        while True:
+            candidates = available & budget.fits(used, costs)
+            if not candidates.any():
+                break
+            penalty = (1 - self.lam) * max_similarity if chosen else 0.0
+            best = int(np.argmax(np.where(candidates, relevance - penalty, -np.inf)))
+            chosen.append(best)
+            available[best] = False
+            used += costs[best]
+            np.maximum(max_similarity, embeddings @ embeddings[best], out=max_similarity)
+        return order[np.asarray(chosen, dtype=np.int64)]
+
+
+@dataclass(frozen=True)
+class FacilityLocation:
+    """Facility location (Lin & Bilmes 2011, METHODS.md §5; §2 baseline): f(S) = sum_i max_{j in S} s_ij with
+    s_ij = max(cos(d_i, d_j), 0) over the whole pool. Budgeted cost-scaled greedy: each step, among the items
+    that fit, argmax of the marginal gain divided by the item's cost in budget units, until nothing fits;
+    then the better of that set and the best single feasible item (the set wins ties)."""
+
+    @property
+    def name(self) -> str:
+        return "facloc"
+
+    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
+        order = _relevance_order(pool)
+        embeddings, costs = pool.embeddings[order], budget.costs(pool.tokens)[order]
+        similarity = np.maximum(embeddings @ embeddings.T, 0.0)  # s_ij, once per pool: the objective itself
+        best_cover = np.zeros(len(order))  # max_{j in S} s_ij for every i (0 for the empty set)
+        value = 0.0
+        chosen: list[int] = []
+        used = 0
+        available = np.ones(len(order), dtype=bool)
+        while True:
+            candidates = np.flatnonzero(available & budget.fits(used, costs))
+            if not len(candidates):
+                break
+            gains = np.maximum(similarity[:, candidates] - best_cover[:, None], 0.0).sum(axis=0)
+            pick = int(np.argmax(gains / costs[candidates]))
+            best = int(candidates[pick])
+            chosen.append(best)
+            available[best] = False
+            used += costs[best]
+            value += gains[pick]
+            np.maximum(best_cover, similarity[:, best], out=best_cover)
+        feasible = np.flatnonzero(budget.fits(0, costs))
+        if len(feasible):
+            singles = similarity[:, feasible].sum(axis=0)  # f({j})
+            single = int(np.argmax(singles))
+            if singles[single] > value:
+                chosen = [int(feasible[single])]
+        return order[np.asarray(chosen, dtype=np.int64)]
+
+
+def adaptive_beta(pool: Pool, budget: Budget, alpha: float = 1.0) -> float:
+    """AdaGReS's closed-form redundancy weight (METHODS.md §3, official code):
+    beta* = alpha * mean_qc / (((k_bar - 1) / 2) * mean_cc), with
+    k_bar = max(1, floor(B / mean item tokens)) under a token budget (lengths in tokens, the unit of B) and
+    k_bar = k under a k budget, mean_qc the mean sim(q, c) over the pool and mean_cc the mean pairwise
+    sim(c_i, c_j) over the pool (i < j). When mean_cc is 0 (within 1e-12, or undefined for fewer than two
+    items) or k_bar <= 1, beta = 0.01.
+
+    The pairwise mean uses sum_{i<j} e_i . e_j = (|sum_i e_i|^2 - sum_i |e_i|^2) / 2, so no n x n matrix."""
+    n = pool.size
+    if n < 2:
+        return ADAPTIVE_BETA_FALLBACK
+    k_bar = budget.k if budget.k is not None else max(1, math.floor(budget.tokens / pool.tokens.mean()))
+    total = pool.embeddings.sum(axis=0)
+    pair_sum = (total @ total - np.einsum("ij,ij->", pool.embeddings, pool.embeddings)) / 2
+    mean_cc = pair_sum / (n * (n - 1) / 2)
+    if abs(mean_cc) <= ZERO_SIMILARITY or k_bar <= 1:
+        return ADAPTIVE_BETA_FALLBACK
+    mean_qc = float(pool.query_similarity.mean())
+    return float(alpha * mean_qc / (((k_bar - 1) / 2) * mean_cc))
+
+
+@dataclass(frozen=True)
+class AdaGReS:
+    """AdaGReS (METHODS.md §3): each step, among the items that fit, argmax of the marginal gain
+    alpha * sim(q, x) - beta * sum_{s in S} sim(x, s), sim being the cosine; stops when nothing fits, or
+    [chosen, off by default] when `stop_on_nonpositive_gain` and the best gain is <= 0.
+    beta None means the adaptive beta* of `adaptive_beta`, computed per pool and budget."""
+    alpha: float = 1.0
+    beta: float | None = None
+    stop_on_nonpositive_gain: bool = False
+
+    @property
+    def name(self) -> str:
+        return "adagres" if self.beta is None else f"adagres_beta{self.beta:g}"
+
+    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
+        beta = adaptive_beta(pool, budget, self.alpha) if self.beta is None else self.beta
+        order = _relevance_order(pool)
+        embeddings, costs = pool.embeddings[order], budget.costs(pool.tokens)[order]
+        relevance = self.alpha * pool.query_similarity[order]
+        redundancy = np.zeros(len(order))  # sum_{s in S} sim(x, s), one row added per selected item
+        chosen: list[int] = []
+        used = 0
+        available = np.ones(len(order), dtype=bool)
+        while True:
+            candidates = available & budget.fits(used, costs)
+            if not candidates.any():
+                break
+            gains = np.where(candidates, relevance - beta * redundancy, -np.inf)
+            best = int(np.argmax(gains))
+            if self.stop_on_nonpositive_gain and gains[best] <= 0:
+                break
+            chosen.append(best)
+            available[best] = False
+            used += costs[best]
+            redundancy += embeddings @ embeddings[best]
+        return order[np.asarray(chosen, dtype=np.int64)]
+
+
+@dataclass(frozen=True)
+class CoverageGreedy:
+    """Budget-aware greedy coverage (METHODS.md §1 greedy and its soft extension, §2 "Problem"): each step,
+    among the items that fit, argmax of the marginal coverage gain per unit of budget (per token under a
+    token budget, per item under a k budget, where it is exactly models/selection.py's greedy), ties by
+    relevance. soft: the expected number of newly covered viewpoints, sum_v p_dv * prod_{s in S} (1 - p_sv),
+    over the pool's `covers` probabilities; hard: the number of newly covered viewpoints with covered iff
+    p >= tau. Once no fitting item adds coverage, the rest is filled in relevance order while items fit
+    (those that do not fit are skipped)."""
+    soft: bool
+    tau: float = 0.3
+
+    def __post_init__(self):
+        if not 0 < self.tau <= 1:
+            raise ValueError(f"CoverageGreedy tau must lie in (0, 1]; got {self.tau!r}")
+
+    @property
+    def name(self) -> str:
+        return "coverage_soft" if self.soft else f"coverage_hard_tau{self.tau:g}"
+
+    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
+        if pool.covers is None:
+            raise ValueError(f"{self.name} needs the pool's covers matrix M[d, v]; the pool has none")
+        order = _relevance_order(pool)
+        costs = budget.costs(pool.tokens)[order]
+        covers = pool.covers[order] if self.soft else (pool.covers[order] >= self.tau).astype(float)
+        uncovered = np.ones(covers.shape[1])  # prod_{s in S} (1 - p_sv): probability v is still open
+        chosen: list[int] = []
+        used = 0
+        available = np.ones(len(order), dtype=bool)
+        while True:
+            candidates = available & budget.fits(used, costs)
+            if not candidates.any():
+                break
+            ratios = np.where(candidates, (covers @ uncovered) / costs, -np.inf)
+            best = int(np.argmax(ratios))
+            if ratios[best] <= 0:
+                break
+            chosen.append(best)
+            available[best] = False
+            used += costs[best]
+            uncovered *= 1.0 - covers[best]
+        return order[_fill(np.flatnonzero(available), costs, budget, used, chosen)]
+
+
+# The default line-up: relevance, MMR (lambda 0.5), FacLoc, AdaGReS (adaptive beta), coverage greedy soft/hard.
+SELECTORS: tuple[Selector, ...] = (RelevanceOrder(), MMR(0.5), FacilityLocation(), AdaGReS(),
+                                   CoverageGreedy(soft=True), CoverageGreedy(soft=False))
+
+
+def _relevance_order(pool: Pool) -> np.ndarray:
+    """Pool indices by relevance, higher first, ties by lower index."""
+    return np.argsort(-pool.relevance, kind="stable")
+
+
+def _fill(walk: np.ndarray, costs: np.ndarray, budget: Budget, used: int, chosen: list[int]) -> np.ndarray:
+    """`chosen` extended by the items of `walk`, in that order, that still fit; `costs` indexed like `walk`'s
+    entries."""
+    chosen = list(chosen)
+    for item in walk:
+        if budget.fits(used, costs[item]):
+            chosen.append(int(item))
+            used += costs[item]
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array = np.array(array)  # a private copy, so the caller's array stays writable and unaliased
+    array.setflags(write=False)
+    return array
