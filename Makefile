@@ -33,6 +33,7 @@ bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to 
 	$(BIN)/python bench/coverage_matrix.py
 	$(BIN)/python bench/estimator_matrix.py
 	$(BIN)/python bench/pruned_matrix.py
+	$(BIN)/python bench/step_memory.py
 	$(BIN)/python bench/audit.py
 
 install: $(STAMP)
