@@ -16,6 +16,7 @@ Conventions shared by every selector here:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol, runtime_checkable
@@ -173,20 +174,14 @@ class MMR:
         embeddings, costs = pool.embeddings[order], budget.costs(pool.tokens)[order]
         relevance = self.lam * pool.relevance[order]
         max_similarity = np.full(len(order), -np.inf)  # max_{s in S} sim(d, s), updated one row at a time
-        chosen: list[int] = []
-        used = 0
-        available = np.ones(len(order), dtype=bool)
-        while True:
-            candidates = available & budget.fits(used, costs)
-            if not candidates.any():
-                break
-            penalty = (1 - self.lam) * max_similarity if chosen else 0.0
-            best = int(np.argmax(np.where(candidates, relevance - penalty, -np.inf)))
-            chosen.append(best)
-            available[best] = False
-            used += costs[best]
+        penalty = np.zeros(len(order))  # (1 - lam) * max_similarity, 0 while S is empty
+
+        def add(best: int) -> None:
             np.maximum(max_similarity, embeddings @ embeddings[best], out=max_similarity)
-        return order[np.asarray(chosen, dtype=np.int64)]
+            np.multiply(1 - self.lam, max_similarity, out=penalty)
+
+        chosen, _ = _budgeted_greedy(costs, budget, lambda: relevance - penalty, add)
+        return order[chosen]
 
 
 @dataclass(frozen=True)
@@ -272,22 +267,13 @@ class AdaGReS:
         embeddings, costs = pool.embeddings[order], budget.costs(pool.tokens)[order]
         relevance = self.alpha * pool.query_similarity[order]
         redundancy = np.zeros(len(order))  # sum_{s in S} sim(x, s), one row added per selected item
-        chosen: list[int] = []
-        used = 0
-        available = np.ones(len(order), dtype=bool)
-        while True:
-            candidates = available & budget.fits(used, costs)
-            if not candidates.any():
-                break
-            gains = np.where(candidates, relevance - beta * redundancy, -np.inf)
-            best = int(np.argmax(gains))
-            if self.stop_on_nonpositive_gain and gains[best] <= 0:
-                break
-            chosen.append(best)
-            available[best] = False
-            used += costs[best]
-            redundancy += embeddings @ embeddings[best]
-        return order[np.asarray(chosen, dtype=np.int64)]
+
+        def add(best: int) -> None:
+            np.add(redundancy, embeddings @ embeddings[best], out=redundancy)
+
+        chosen, _ = _budgeted_greedy(costs, budget, lambda: relevance - beta * redundancy, add,
+                                     stop_at_nonpositive=self.stop_on_nonpositive_gain)
+        return order[chosen]
 
 
 @dataclass(frozen=True)
@@ -317,22 +303,14 @@ class CoverageGreedy:
         costs = budget.costs(pool.tokens)[order]
         covers = pool.covers[order] if self.soft else (pool.covers[order] >= self.tau).astype(float)
         uncovered = np.ones(covers.shape[1])  # prod_{s in S} (1 - p_sv): probability v is still open
-        chosen: list[int] = []
-        used = 0
-        available = np.ones(len(order), dtype=bool)
-        while True:
-            candidates = available & budget.fits(used, costs)
-            if not candidates.any():
-                break
-            ratios = np.where(candidates, (covers @ uncovered) / costs, -np.inf)
-            best = int(np.argmax(ratios))
-            if ratios[best] <= 0:
-                break
-            chosen.append(best)
-            available[best] = False
-            used += costs[best]
-            uncovered *= 1.0 - covers[best]
-        return order[_fill(np.flatnonzero(available), costs, budget, used, chosen)]
+
+        def add(best: int) -> None:
+            np.multiply(uncovered, 1.0 - covers[best], out=uncovered)
+
+        chosen, used = _budgeted_greedy(costs, budget, lambda: (covers @ uncovered) / costs, add,
+                                        stop_at_nonpositive=True)
+        rest = np.delete(np.arange(len(order)), chosen)
+        return order[_fill(rest, costs, budget, used, chosen.tolist())]
 
 
 # The default line-up: relevance, MMR (lambda 0.5), FacLoc, AdaGReS (adaptive beta), coverage greedy soft/hard.
@@ -343,6 +321,32 @@ SELECTORS: tuple[Selector, ...] = (RelevanceOrder(), MMR(0.5), FacilityLocation(
 def _relevance_order(pool: Pool) -> np.ndarray:
     """Pool indices by relevance, higher first, ties by lower index."""
     return np.argsort(-pool.relevance, kind="stable")
+
+
+def _budgeted_greedy(costs: np.ndarray, budget: Budget, scores: Callable[[], np.ndarray],
+                     add: Callable[[int], None], stop_at_nonpositive: bool = False) -> tuple[np.ndarray, int]:
+    """The greedy loop MMR, AdaGReS and CoverageGreedy share (METHODS.md §2 "Allocation"): each step, among
+    the items not yet chosen whose cost still fits the budget, take the argmax of `scores()` (one score per
+    item; ties to the lower index, the more relevant item since callers index in relevance order), then
+    `add(best)` updates the caller's state for the next step's scores. Stops when nothing fits, or, with
+    `stop_at_nonpositive`, before taking an item whose score is <= 0.
+    Returns the chosen indices in selection order and the budget units they spend."""
+    chosen: list[int] = []
+    used = 0
+    available = np.ones(len(costs), dtype=bool)
+    while True:
+        candidates = available & budget.fits(used, costs)
+        if not candidates.any():
+            break
+        masked = np.where(candidates, scores(), -np.inf)
+        best = int(np.argmax(masked))
+        if stop_at_nonpositive and masked[best] <= 0:
+            break
+        chosen.append(best)
+        available[best] = False
+        used += costs[best]
+        add(best)
+    return np.asarray(chosen, dtype=np.int64), used
 
 
 def _fill(walk: np.ndarray, costs: np.ndarray, budget: Budget, used: int, chosen: list[int]) -> np.ndarray:

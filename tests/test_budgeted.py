@@ -88,6 +88,34 @@ def test_relevance_order_skips_what_does_not_fit():
     assert RelevanceOrder()(pool, Budget(k=2)).tolist() == [0, 1]
 
 
+# Known selections on seeded random pools (random_pool(default_rng(seed), 12 items, tied relevance for odd
+# seeds)), one per PINNED_SELECTORS entry under Budget(k=5) and Budget(tokens=45): they pin every tie-break
+# and stopping rule, so a change to the shared greedy loop that moves a single index fails here.
+PINNED_SELECTORS = SELECTORS + (AdaGReS(stop_on_nonpositive_gain=True),)
+PINNED_SELECTIONS = {
+    (1, "k"): [[10, 11, 0, 9, 1], [10, 2, 11, 3, 9], [6, 11, 2, 4, 5], [4, 1, 10, 11, 3], [2, 8, 6, 1, 9],
+               [2, 10, 11, 0, 9], [4, 1, 10, 11, 3]],
+    (1, "tokens"): [[10, 11, 0, 9, 6, 7], [10, 2, 11, 3, 9], [6, 7, 2, 11, 4, 3], [4, 1, 10, 11, 6],
+                    [6, 7, 2, 10, 8, 9], [7, 6, 10, 11, 0, 9], [4, 1, 10, 11]],
+    (2, "k"): [[0, 11, 6, 10, 9], [0, 6, 10, 7, 11], [0, 8, 3, 10, 6], [0, 1, 7, 9, 3], [3, 2, 5, 0, 11],
+               [3, 0, 11, 6, 10], [0, 1, 7, 9, 3]],
+    (2, "tokens"): [[0, 11, 6, 10, 4], [0, 6, 10, 7, 11, 2, 8, 3], [8, 7, 0, 10, 2, 6, 3, 1],
+                    [0, 1, 7, 9, 3, 8, 10], [3, 2, 5, 0, 11, 7, 8], [3, 0, 11, 6, 10, 7, 2, 8], [0, 1, 7, 9, 3, 8]],
+    (5, "k"): [[4, 2, 0, 6, 5], [4, 2, 6, 5, 0], [8, 3, 0, 10, 1], [7, 1, 0, 2, 11], [8, 10, 11, 4, 1],
+               [8, 4, 2, 0, 6], [7, 1, 0, 2, 11]],
+    (5, "tokens"): [[4, 2, 0, 6, 7], [4, 2, 6, 0, 7], [0, 3, 10, 7, 4], [7, 1, 0, 2, 3], [0, 1, 10, 8],
+                    [0, 1, 4, 2, 3], [7, 1, 0, 2]],
+}
+
+
+def test_selections_are_pinned_on_seeded_pools():
+    for (seed, kind), expected in PINNED_SELECTIONS.items():
+        pool = random_pool(np.random.default_rng(seed), 12, tied_relevance=seed % 2 == 1)
+        budget = Budget(k=5) if kind == "k" else Budget(tokens=45)
+        for select, indices in zip(PINNED_SELECTORS, expected, strict=True):
+            assert select(pool, budget).tolist() == indices, (seed, kind, select.name)
+
+
 def test_mmr_with_lambda_one_is_relevance_order():
     for pool, budget in random_cases(2, tied_relevance=True):
         assert MMR(1.0)(pool, budget).tolist() == RelevanceOrder()(pool, budget).tolist()
