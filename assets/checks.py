@@ -1,7 +1,8 @@
 """Asset checks on the coverage estimator: is it good enough to select by? The blocking gate on
 `coverage_estimator` warns (the run goes on, selections fall back to the coverage bi-encoder order) when
-its dev ROC-AUC is below `EvaluationResource.min_estimator_dev_auc`; the calibration check measures the
-estimated probabilities against the gold nugget links on the tune split's pools."""
+its dev ROC-AUC is below `EvaluationResource.min_estimator_dev_auc`, and records the estimator's dev
+calibration beside it; the calibration check measures the estimated probabilities against the gold nugget
+links on the tune split's pools."""
 
 import warnings
 
@@ -13,25 +14,30 @@ from sklearn.metrics import roc_auc_score
 from covlab.assets.coverage import coverage_estimator, estimated_gold_coverage_matrix
 from covlab.assets.partitions import DATASETS
 from covlab.models.coverage import gold_labels
-from covlab.models.selection import brier_score, estimator_trusted, expected_calibration_error
+from covlab.models.metrics import CALIBRATION_BINS, brier_score, expected_calibration_error
+from covlab.models.selection import estimator_trusted
 from covlab.resources.evaluation import EvaluationResource
 
 # Checks on partitioned assets take the assets' partitions_def, a Dagster preview feature that warns at every
 # import of this module (each CLI call): known and wanted here, so that one warning is silenced, not others.
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
                         category=PreviewWarning)
-CALIBRATION_BINS = 10  # equal-width probability bins of the expected calibration error
 
 
 @asset_check(asset=coverage_estimator, blocking=True, partitions_def=DATASETS,
              description="the estimator's dev ROC-AUC reaches min_estimator_dev_auc; below it (WARN) selections on "
-                         "its estimates keep the coverage bi-encoder order and it is not promoted to champion")
+                         "its estimates keep the coverage bi-encoder order and it is not promoted to champion. "
+                         "The dev Brier score and expected calibration error are recorded beside it and decide "
+                         "nothing")
 def coverage_estimator_dev_auc(coverage_estimator: dict, evaluation: EvaluationResource) -> AssetCheckResult:
     trust = estimator_trusted(coverage_estimator["dev_auc"], evaluation.min_estimator_dev_auc)
+    # A record from before the estimator carried its calibration has none: None says so.
+    calibration = {name: None if coverage_estimator.get(name) is None else float(coverage_estimator[name])
+                   for name in ("dev_brier", "dev_ece")}
     return AssetCheckResult(passed=trust.trusted, severity=AssetCheckSeverity.WARN,
-                            metadata={"dev_auc": float(coverage_estimator["dev_auc"]),
-                                      "threshold": evaluation.min_estimator_dev_auc, "decision": trust.reason,
-                                      "model_uri": coverage_estimator["uri"]})
+                            metadata={"dev_auc": float(coverage_estimator["dev_auc"]), **calibration,
+                                      "ece_bins": CALIBRATION_BINS, "threshold": evaluation.min_estimator_dev_auc,
+                                      "decision": trust.reason, "model_uri": coverage_estimator["uri"]})
 
 
 @asset_check(asset=estimated_gold_coverage_matrix, partitions_def=DATASETS,

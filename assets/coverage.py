@@ -170,9 +170,12 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                                        params=config.model_dump(),
                                        metrics={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
                                                 "train_pairs": len(train), "dev_pairs": len(dev)})
-    # dev_auc travels with the model record: the estimator gate of the selections reads it (assets/checks.py)
-    return Output({**model, "dev_auc": trained.dev_auc}, metadata={
-        "dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch, "history": MetadataValue.json(trained.history),
+    # The dev figures travel with the model record: the estimator gate of the selections reads dev_auc, its
+    # check records all three (assets/checks.py).
+    return Output({**model, "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
+                   "dev_ece": trained.dev_ece}, metadata={
+        "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier, "dev_ece": trained.dev_ece,
+        "best_epoch": trained.best_epoch, "history": MetadataValue.json(trained.history),
         "train_pairs": len(train), "dev_pairs": len(dev), "pairs_per_split": MetadataValue.json(sizes),
         "negatives_per_positive": (config.negatives_per_positive if config.negatives_per_positive is not None
                                    else "all judged pairs"),

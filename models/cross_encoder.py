@@ -2,11 +2,13 @@
 (subquestion, document) pairs with one output logit, p = sigmoid(logit), covered iff p >= tau.
 
 Training [chosen details]: binary cross-entropy on the logit, AdamW with linear warmup and decay, early
-stopping on dev ROC-AUC keeping the best epoch's weights; batches are shuffled but hold pairs of similar
-length (encoders.shuffled_length_batches), which on ArgKP spares a third of the padded compute. Labels are
-[rating >= 4] of the judged pairs (or gold nugget links, `gold_coverage_pairs`). On CPU the same seed gives
-bit-identical weights. A pair longer than max_length reads its document's best window (models/windows.py)
-when a WindowSelection is given; the selection is saved with the model, so scoring reads the same way.
+stopping on dev ROC-AUC keeping the best epoch's weights, with each epoch's dev Brier score and expected
+calibration error recorded beside it (how far p reads as a probability, which tau relies on); batches are
+shuffled but hold pairs of similar length (encoders.shuffled_length_batches), which on ArgKP spares a third of
+the padded compute. Labels are [rating >= 4] of the judged pairs (or gold nugget links, `gold_coverage_pairs`).
+On CPU the same seed gives bit-identical weights. A pair longer than max_length reads its document's best
+window (models/windows.py) when a WindowSelection is given; the selection is saved with the model, so scoring
+reads the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from covlab.models.dataset import Dataset
 from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches,
                                     read_info, run_batches, save_model_directory, seeded, shuffled_length_batches,
                                     tokenize)
+from covlab.models.metrics import brier_score, expected_calibration_error
 from covlab.models.windows import WindowSelection, select_windows
 
 PAIR_COLUMNS = ("subquestion", "text", "label")
@@ -36,9 +39,12 @@ class TrainedCrossEncoder:
     """A trained estimator: the best epoch's weights, its tokenizer, and how training went."""
     model: torch.nn.Module
     tokenizer: object
-    history: list[dict] = field(default_factory=list)  # one {epoch, train_loss, dev_auc} per epoch run
+    # one {epoch, train_loss, dev_auc, dev_brier, dev_ece} per epoch run
+    history: list[dict] = field(default_factory=list)
     best_epoch: int = 0
     dev_auc: float = float("nan")
+    dev_brier: float = float("nan")  # the best epoch's dev Brier score
+    dev_ece: float = float("nan")  # the best epoch's dev expected calibration error (10 bins)
     max_length: int = 256
     settings: dict = field(default_factory=dict)  # base model and hyperparameters, for covlab.json
     windows: WindowSelection = field(default_factory=lambda: WindowSelection(mode="first"))
@@ -95,10 +101,11 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     Loss: BCE-with-logits; `pos_weight` multiplies the positive term (e.g. negatives/positives against
     class imbalance; default none, the probabilities then stay calibrated for tau). Schedule: linear
     warmup over `warmup_ratio` of the planned steps, then linear decay. After each epoch the dev pairs
-    are scored; training stops once dev ROC-AUC has not improved for `patience` epochs and the best
-    epoch's weights are kept. With `windows`, pairs longer than `max_length` read the selected window of
-    their document (train and dev alike); without, they are truncated. `progress` gets each epoch's
-    done/total, rate and ETA (encoders.Progress) and its dev ROC-AUC."""
+    are scored: ROC-AUC, Brier score and expected calibration error (10 bins). Training stops once dev
+    ROC-AUC has not improved for `patience` epochs; the best epoch's weights and dev figures are kept. With
+    `windows`, pairs longer than `max_length` read the selected window of their document (train and dev
+    alike); without, they are truncated. `progress` gets each epoch's done/total, rate and ETA
+    (encoders.Progress) and its dev figures."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     train, dev = checked_pairs(train, "train"), checked_pairs(dev, "dev", both_labels=True)
@@ -139,10 +146,14 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
             probs = score_pairs(model, tokenizer, dev_pairs, batch_size=eval_batch_size, max_length=max_length,
                                 device=device, autocast_dtype=autocast_dtype, progress=progress)
             auc = float(roc_auc_score(dev["label"], probs))
-            trained.history.append({"epoch": epoch, "train_loss": total / len(train), "dev_auc": auc})
-            log(f"cross-encoder epoch {epoch}/{epochs}: train loss {total / len(train):.4f}, dev ROC-AUC {auc:.4f}")
+            brier, ece = brier_score(dev["label"], probs), expected_calibration_error(dev["label"], probs)
+            trained.history.append({"epoch": epoch, "train_loss": total / len(train), "dev_auc": auc,
+                                    "dev_brier": brier, "dev_ece": ece})
+            log(f"cross-encoder epoch {epoch}/{epochs}: train loss {total / len(train):.4f}, dev ROC-AUC {auc:.4f}, "
+                f"Brier {brier:.4f}, ECE {ece:.4f}")
             if auc > trained.dev_auc:
-                trained.dev_auc, trained.best_epoch, stale = auc, epoch, 0
+                trained.dev_auc, trained.dev_brier, trained.dev_ece = auc, brier, ece
+                trained.best_epoch, stale = epoch, 0
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             else:
                 stale += 1
@@ -196,7 +207,8 @@ def save_cross_encoder(trained_or_model: TrainedCrossEncoder | torch.nn.Module, 
         info = {"kind": "cross_encoder", "max_length": max_length or trained.max_length,
                 "windows": trained.windows.to_info(),
                 "training": {"history": trained.history, "best_epoch": trained.best_epoch,
-                             "dev_auc": trained.dev_auc, **trained.settings}}
+                             "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
+                             "dev_ece": trained.dev_ece, **trained.settings}}
         return save_model_directory(trained.model, tokenizer or trained.tokenizer, directory, info)
     if tokenizer is None or max_length is None:
         raise ValueError("saving a bare cross-encoder model needs its tokenizer and max_length")

@@ -11,7 +11,8 @@ cheaper estimator, not a better one: the cross-encoder stays the default.
 
 Training: InfoNCE (`biencoder.info_nce`) over groups anchor = subquestion, positive = a document covering
 it, negatives = documents of the same query judged not to cover it, plus the other queries' documents in
-the batch. The epochs run in full; each epoch's dev ROC-AUC is recorded.
+the batch. The epochs run in full; each epoch's dev ROC-AUC is recorded, and the calibrated dev probabilities
+of the final weights give the dev Brier score and expected calibration error.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sklearn.metrics import roc_auc_score
 from covlab.models.biencoder import Group, cosines, load_biencoder, save_biencoder, train_coverage_biencoder
 from covlab.models.cross_encoder import PAIR_COLUMNS, checked_pairs
 from covlab.models.encoders import CPU
+from covlab.models.metrics import brier_score, expected_calibration_error
 
 KIND = "biencoder_matcher"
 
@@ -59,6 +61,8 @@ class TrainedMatcher:
     max_length: int
     history: list[dict] = field(default_factory=list)  # one {epoch, train_loss, dev_auc} per epoch
     settings: dict = field(default_factory=dict)
+    dev_brier: float = float("nan")  # of the Platt-calibrated dev probabilities
+    dev_ece: float = float("nan")  # of the Platt-calibrated dev probabilities (10 bins)
 
     @property
     def best_epoch(self) -> int:
@@ -88,7 +92,8 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
                   autocast_dtype: torch.dtype | None = None,
                   progress: Callable[[str], None] | None = None) -> TrainedMatcher:
     """Fine-tune `base_model` (a bi-encoder) on the covered pairs of `train` (module docstring), then fit
-    Platt scaling on all `dev` pairs. Same seed, same weights on CPU."""
+    Platt scaling on all `dev` pairs; dev Brier score and ECE measure the calibrated dev probabilities (on
+    the pairs the scaling was fitted on, so they flatter it a little). Same seed, same weights on CPU."""
     train = checked_pairs(train, "train", ("query_id", "nugget_id", *PAIR_COLUMNS))
     dev = checked_pairs(dev, "dev", both_labels=True)
     groups = matching_groups(train, np.random.default_rng(seed), max_negatives)
@@ -106,18 +111,22 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
         base_model, groups, temperature=temperature, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, max_length=max_length, seed=seed, device=device, autocast_dtype=autocast_dtype,
         progress=progress, after_epoch=score_dev)
-    scores = dev_scores[0]
+    scores, labels = dev_scores[0], dev["label"].to_numpy()
+    calibration = PlattScaling.fit(scores, labels)
+    probs = calibration(scores)
     settings = {"base_model": base_model, "temperature": temperature, "epochs": epochs, "batch_size": batch_size,
                 "learning_rate": learning_rate, "max_negatives": max_negatives, "seed": seed,
                 "groups": len(groups), "dev_pairs": len(dev)}
-    return TrainedMatcher(model, tokenizer, PlattScaling.fit(scores, dev["label"].to_numpy()),
-                          float(roc_auc_score(dev["label"], scores)), max_length, history, settings)
+    return TrainedMatcher(model, tokenizer, calibration, float(roc_auc_score(labels, scores)), max_length, history,
+                          settings, dev_brier=brier_score(labels, probs),
+                          dev_ece=expected_calibration_error(labels, probs))
 
 
 def save_matcher(trained: TrainedMatcher, directory: str | os.PathLike):
     return save_biencoder(trained.model, trained.tokenizer, directory, max_length=trained.max_length,
                           history=trained.history, kind=KIND,
                           settings={**trained.settings, "dev_auc": trained.dev_auc,
+                                    "dev_brier": trained.dev_brier, "dev_ece": trained.dev_ece,
                                     "calibration": {"slope": trained.calibration.slope,
                                                     "intercept": trained.calibration.intercept}})
 

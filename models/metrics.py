@@ -1,6 +1,7 @@
 """Evaluation of selection runs with ir_measures only (METHODS.md §5): alpha-nDCG@k and StRecall@k from
 ndeval (pyndeval provider) over per-nugget diversity qrels, P@k and nDCG@k from pytrec_eval over
-one-judgment-per-document qrels.
+one-judgment-per-document qrels; and the calibration of coverage probabilities against 0/1 labels (Brier
+score, expected calibration error), as the estimator's training and checks report it.
 
 Behaviour worth knowing (checked in tests/test_metrics.py):
 - ndeval builds the ideal ranking greedily, ties toward the lexicographically largest doc id; that ideal is
@@ -17,6 +18,7 @@ Behaviour worth knowing (checked in tests/test_metrics.py):
 from __future__ import annotations
 
 import ir_measures
+import numpy as np
 import pandas as pd
 from ir_measures import P, StRecall, alpha_nDCG, nDCG
 
@@ -27,6 +29,7 @@ PER_QUERY_METRICS = Schema("per_query_metrics", {"query_id": "string", "metric":
                            key=("query_id", "metric"))
 METRIC_SUMMARY = Schema("metric_summary", {"metric": "string", "mean": "float64", "n": "int64"}, key=("metric",))
 NDEVAL_MAX_CUTOFF = 20  # ndeval's compiled limit
+CALIBRATION_BINS = 10  # equal-width probability bins of the expected calibration error
 
 
 def diversity_qrels(nugget_links: pd.DataFrame) -> list[ir_measures.Qrel]:
@@ -85,6 +88,34 @@ def summarize(per_query: pd.DataFrame) -> pd.DataFrame:
     _require(per_query, tuple(PER_QUERY_METRICS.columns), "per_query")
     summary = per_query.groupby("metric", sort=False)["value"].agg(mean="mean", n="size").reset_index()
     return METRIC_SUMMARY.conform(summary, source="summarize")
+
+
+def brier_score(labels: np.ndarray, probs: np.ndarray) -> float:
+    """Mean squared difference between p(covered) and the 0/1 label."""
+    labels, probs = _labelled(labels, probs)
+    return float(np.mean((probs - labels) ** 2))
+
+
+def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, bins: int = CALIBRATION_BINS) -> float:
+    """ECE over `bins` equal-width probability bins: sum over bins of (share of pairs) * |mean p - covered
+    share| (Naeini et al. 2015; the last bin includes p = 1)."""
+    labels, probs = _labelled(labels, probs)
+    which = np.minimum((probs * bins).astype(int), bins - 1)
+    error = 0.0
+    for b in np.unique(which):
+        inside = which == b
+        error += inside.mean() * abs(probs[inside].mean() - labels[inside].mean())
+    return float(error)
+
+
+def _labelled(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    labels, probs = np.asarray(labels, dtype=float), np.asarray(probs, dtype=float)
+    if labels.shape != probs.shape or labels.ndim != 1 or len(labels) == 0:
+        raise ValueError(f"labels and probabilities must be equal-length non-empty 1-D arrays; got shapes "
+                         f"{labels.shape} and {probs.shape}")
+    if not np.isin(labels, (0, 1)).all() or not ((probs >= 0) & (probs <= 1)).all():
+        raise ValueError("labels must be 0/1 and probabilities lie in [0, 1]")
+    return labels, probs
 
 
 def _scored_run(run: pd.DataFrame) -> pd.DataFrame:

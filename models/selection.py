@@ -251,34 +251,6 @@ def estimator_trusted(dev_auc: float, threshold: float) -> Trust:
     return Trust(True, f"dev ROC-AUC {dev_auc:.4f} >= {threshold:.4f}")
 
 
-def brier_score(labels: np.ndarray, probs: np.ndarray) -> float:
-    """Mean squared difference between p(covered) and the 0/1 label."""
-    labels, probs = _labelled(labels, probs)
-    return float(np.mean((probs - labels) ** 2))
-
-
-def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> float:
-    """ECE over `bins` equal-width probability bins: sum over bins of (share of pairs) * |mean p - covered
-    share| (Naeini et al. 2015; the last bin includes p = 1)."""
-    labels, probs = _labelled(labels, probs)
-    which = np.minimum((probs * bins).astype(int), bins - 1)
-    error = 0.0
-    for b in np.unique(which):
-        inside = which == b
-        error += inside.mean() * abs(probs[inside].mean() - labels[inside].mean())
-    return float(error)
-
-
-def _labelled(labels: np.ndarray, probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    labels, probs = np.asarray(labels, dtype=float), np.asarray(probs, dtype=float)
-    if labels.shape != probs.shape or labels.ndim != 1 or len(labels) == 0:
-        raise ValueError(f"labels and probabilities must be equal-length non-empty 1-D arrays; got shapes "
-                         f"{labels.shape} and {probs.shape}")
-    if not np.isin(labels, (0, 1)).all() or not ((probs >= 0) & (probs <= 1)).all():
-        raise ValueError("labels must be 0/1 and probabilities lie in [0, 1]")
-    return labels, probs
-
-
 def _ranked_pool(pool: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in ("query_id", "doc_id", "rank") if c not in pool.columns]
     if missing:

@@ -1,7 +1,7 @@
-"""The coverage estimator (METHODS.md §1): training determinism and early stopping, that it learns the demo
-facts and ArgKP key-point matching, score_pairs' ordering and batching, save/load, agreement with
-sentence-transformers' CrossEncoder, progress messages, window selection saved with the model, and the
-pruned estimated matrix."""
+"""The coverage estimator (METHODS.md §1): training determinism, early stopping and the dev figures it
+keeps, that it learns the demo facts and ArgKP key-point matching, score_pairs' ordering and batching,
+save/load, agreement with sentence-transformers' CrossEncoder, progress messages, window selection saved
+with the model, and the pruned estimated matrix."""
 
 import os
 import re
@@ -20,6 +20,7 @@ from covlab.models.biencoder import cosines, load_biencoder
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned,
                                     load_estimator_scorer, load_first_stage, pool_pairs)
 from covlab.models.encoders import Progress, default_base_model, shuffled_length_batches
+from covlab.models.metrics import brier_score, expected_calibration_error
 from covlab.models.subquestions import gold_subquestions
 from covlab.models.windows import WindowSelection, select_windows
 from covlab.resources.datasets import read_dataset
@@ -93,9 +94,15 @@ def test_keeps_the_best_epoch_and_stops_after_patience(tiny_model, small_pairs):
     # stops at the first epoch that does not improve on the best so far (patience 1), or runs them all
     first_drop = next((i for i in range(1, len(aucs)) if aucs[i] <= max(aucs[:i])), None)
     assert len(aucs) == (first_drop + 1 if first_drop is not None else 4)
-    # the returned weights are the best epoch's: they reproduce its dev AUC
+    # every epoch records its dev calibration; the kept figures are the best epoch's
+    assert all(0 <= h["dev_brier"] <= 1 and 0 <= h["dev_ece"] <= 1 for h in trained.history)
+    best = trained.history[trained.best_epoch - 1]
+    assert (trained.dev_brier, trained.dev_ece) == (best["dev_brier"], best["dev_ece"])
+    # the returned weights are the best epoch's: they reproduce its dev AUC, Brier score and ECE (10 bins)
     probs = score_pairs(trained.model, trained.tokenizer, list(zip(dev["subquestion"], dev["text"])), max_length=64)
     assert roc_auc_score(dev["label"], probs) == pytest.approx(trained.dev_auc, abs=1e-6)
+    assert brier_score(dev["label"], probs) == pytest.approx(trained.dev_brier, abs=1e-6)
+    assert expected_calibration_error(dev["label"], probs, bins=10) == pytest.approx(trained.dev_ece, abs=1e-6)
 
 
 def test_rejects_malformed_pairs(tiny_model, small_pairs):
@@ -193,6 +200,8 @@ def test_save_load_round_trip_and_sentence_transformers_agree(trained_tiny, smal
     model, tokenizer, info = load_cross_encoder(saved)
     assert info["max_length"] == 64 and info["training"]["best_epoch"] == trained_tiny.best_epoch
     assert info["training"]["history"] == trained_tiny.history
+    assert [info["training"][k] for k in ("dev_auc", "dev_brier", "dev_ece")] == [
+        trained_tiny.dev_auc, trained_tiny.dev_brier, trained_tiny.dev_ece]
     before = score_pairs(trained_tiny.model, trained_tiny.tokenizer, pairs, max_length=64)
     np.testing.assert_array_equal(score_pairs(model, tokenizer, pairs, max_length=64), before)
     reference = CrossEncoder(str(saved), max_length=64, device="cpu").predict(pairs, batch_size=16)

@@ -130,19 +130,31 @@ def test_a_trusted_estimator_is_followed_with_the_blend_chosen_on_dev(longdoc, p
 
 
 def test_the_estimator_check_warns_below_the_threshold_and_passes_above():
-    low = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.545, "uri": "models:/e/1"},
+    low = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.545, "dev_brier": 0.08, "dev_ece": 0.3,
+                                                         "uri": "models:/e/1"},
                                      evaluation=EvaluationResource())
     assert not low.passed and low.severity.value == "WARN"
     assert low.metadata["dev_auc"].value == 0.545 and low.metadata["threshold"].value == 0.65
+    assert low.metadata["dev_brier"].value == 0.08 and low.metadata["dev_ece"].value == 0.3
     assert "too close to chance" in low.metadata["decision"].value
-    high = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.7, "uri": "models:/e/2"},
+    # calibration is recorded, not judged: a badly calibrated estimator above the AUC threshold passes
+    high = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.7, "dev_brier": 0.6, "dev_ece": 0.9,
+                                                          "uri": "models:/e/2"},
                                       evaluation=EvaluationResource(min_estimator_dev_auc=0.6))
-    assert high.passed
+    assert high.passed and high.metadata["dev_ece"].value == 0.9
+
+
+def test_the_estimator_check_reads_a_record_without_calibration():
+    """A model record written before the estimator carried its dev calibration still checks, on dev AUC."""
+    older = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.7, "uri": "models:/e/3"},
+                                       evaluation=EvaluationResource(min_estimator_dev_auc=0.6))
+    assert older.passed and older.metadata["dev_auc"].value == 0.7
+    assert older.metadata["dev_brier"].value is None and older.metadata["dev_ece"].value is None
 
 
 def test_the_calibration_check_measures_the_tune_split_pairs_against_the_gold_links():
     """Known answer on four dev pairs (the test query's pair is ignored): labels 1, 0, 1, 0 for
-    p 0.9, 0.1, 0.6, 0.6 -> ROC-AUC 0.875, Brier 0.135, ECE 0.1 (tests/test_selection.py)."""
+    p 0.9, 0.1, 0.6, 0.6 -> ROC-AUC 0.875, Brier 0.135, ECE 0.1 (tests/test_metrics.py)."""
     queries = pd.DataFrame({"query_id": ["a", "b", "t"], "split": ["dev", "dev", "test"]})
     matrix = pd.DataFrame({"query_id": ["a", "a", "b", "b", "t"], "doc_id": ["d1", "d2", "d3", "d4", "d5"],
                            "subq_id": ["n1", "n1", "n2", "n2", "n3"], "probability": [0.9, 0.1, 0.6, 0.6, 0.0]})

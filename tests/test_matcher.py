@@ -1,5 +1,6 @@
 """The bi-encoder matcher (models/matcher.py): its training groups, Platt scaling, determinism, save/load
-through the estimator loader, and that MiniLM learns ArgKP key-point matching with it."""
+through the estimator loader with the dev figures it records, and that MiniLM learns ArgKP key-point
+matching with it."""
 
 import time
 
@@ -13,9 +14,10 @@ from conftest import shared_dataset
 from covlab.models.biencoder import cosines, load_biencoder
 from covlab.models.coverage import load_estimator_scorer
 from covlab.models.cross_encoder import gold_coverage_pairs, save_cross_encoder
-from covlab.models.encoders import default_base_model
+from covlab.models.encoders import default_base_model, read_info
 from covlab.models.matcher import (PlattScaling, load_matcher_scorer, matching_groups, save_matcher,
                                    train_matcher)
+from covlab.models.metrics import brier_score, expected_calibration_error
 from covlab.resources.datasets import read_dataset
 from tiny_bert import one_thread, save_tiny_bert
 
@@ -90,6 +92,13 @@ def test_saved_matcher_scores_as_trained_through_the_estimator_loader(trained_ti
     np.testing.assert_allclose(probabilities, expected, atol=1e-6)
     assert ((probabilities > 0) & (probabilities < 1)).all()
     assert roc_auc_score(dev["label"], probabilities) == pytest.approx(trained_tiny.dev_auc, abs=1e-6)
+    # the calibrated dev probabilities give the recorded dev Brier score and ECE (10 bins), saved beside dev_auc
+    assert brier_score(dev["label"], probabilities) == pytest.approx(trained_tiny.dev_brier, abs=1e-6)
+    assert expected_calibration_error(dev["label"], probabilities, bins=10) == pytest.approx(trained_tiny.dev_ece,
+                                                                                             abs=1e-6)
+    training = read_info(saved)["training"]
+    assert [training[k] for k in ("dev_auc", "dev_brier", "dev_ece")] == [
+        trained_tiny.dev_auc, trained_tiny.dev_brier, trained_tiny.dev_ece]
     model, tokenizer, _ = load_biencoder(tiny_model)
     with pytest.raises(ValueError, match="not a 'biencoder_matcher'"):
         load_matcher_scorer(save_cross_encoder(model, tokenizer, tmp_path / "cross", max_length=64))

@@ -1,6 +1,7 @@
 """Evaluation through ir_measures (METHODS.md §5): hand-computed alpha-nDCG and StRecall, ndeval's greedy
 ideal and its tie-break, P@10 against a hand count, the multi-row-qrels trap, and properties over random
-instances checked against the definition."""
+instances checked against the definition; the calibration measures (Brier score, expected calibration
+error) on a hand-computed answer."""
 
 import math
 
@@ -10,8 +11,8 @@ import pandas as pd
 import pytest
 from ir_measures import P, alpha_nDCG
 
-from covlab.models.metrics import (METRIC_SUMMARY, PER_QUERY_METRICS, binary_qrels, diversity_qrels, evaluate_run,
-                                   summarize)
+from covlab.models.metrics import (METRIC_SUMMARY, PER_QUERY_METRICS, binary_qrels, brier_score, diversity_qrels,
+                                   evaluate_run, expected_calibration_error, summarize)
 
 
 def links_frame(covers: dict[str, dict[str, list[str]]]) -> pd.DataFrame:
@@ -237,3 +238,17 @@ def test_bad_input_is_named(kwargs, message):
                  "qrels": qrels_frame(links_frame(TOY)), **kwargs}
     with pytest.raises(ValueError, match=message):
         evaluate_run(**arguments)
+
+
+def test_brier_score_and_expected_calibration_error_known_answers():
+    labels = np.array([1, 0, 1, 0])
+    probs = np.array([0.9, 0.1, 0.6, 0.6])
+    # Brier: (0.01 + 0.01 + 0.16 + 0.36) / 4 = 0.135.
+    assert brier_score(labels, probs) == pytest.approx(0.135)
+    # ECE, 10 bins: {0.1} 1/4 * |0.1 - 0|, {0.6, 0.6} 2/4 * |0.6 - 0.5|, {0.9} 1/4 * |0.9 - 1| -> 0.1.
+    assert expected_calibration_error(labels, probs) == pytest.approx(0.1)
+    assert expected_calibration_error(np.array([1, 0]), np.array([1.0, 0.0])) == 0.0  # p = 1 in the last bin
+    with pytest.raises(ValueError, match="equal-length"):
+        brier_score(labels, probs[:3])
+    with pytest.raises(ValueError, match="0/1"):
+        expected_calibration_error(np.array([2]), np.array([0.5]))

@@ -1,7 +1,7 @@
 """Greedy coverage selection (METHODS.md §1): exhaustive search where greedy is provably optimal, the
 (1 - 1/e) bound everywhere, the documented counterexample to "greedy beats relevance at every prefix",
-tie-breaking and fill, the soft extension and its blend with the fallback order, the estimator gate and
-calibration measures, and the per-query driver on the demo dataset."""
+tie-breaking and fill, the soft extension and its blend with the fallback order, the estimator gate, and
+the per-query driver on the demo dataset."""
 
 import itertools
 
@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from covlab.models.pools import rank_within_queries
-from covlab.models.selection import (SELECTIONS, blended_soft_greedy, brier_score, choose_blend_weight,
-                                     coverage_curve, estimator_trusted, expected_calibration_error,
-                                     greedy_coverage, relevance_order, select_per_query, soft_greedy_coverage)
+from covlab.models.selection import (SELECTIONS, blended_soft_greedy, choose_blend_weight, coverage_curve,
+                                     estimator_trusted, greedy_coverage, relevance_order, select_per_query,
+                                     soft_greedy_coverage)
 
 INSTANCES = 300
 
@@ -226,20 +226,6 @@ def test_estimator_gate():
     low = estimator_trusted(0.545, 0.65)
     assert not low.trusted and "0.5450 < 0.6500" in low.reason
     assert not estimator_trusted(float("nan"), 0.65).trusted
-
-
-def test_brier_score_and_expected_calibration_error_known_answers():
-    labels = np.array([1, 0, 1, 0])
-    probs = np.array([0.9, 0.1, 0.6, 0.6])
-    # Brier: (0.01 + 0.01 + 0.16 + 0.36) / 4 = 0.135.
-    assert brier_score(labels, probs) == pytest.approx(0.135)
-    # ECE, 10 bins: {0.1} 1/4 * |0.1 - 0|, {0.6, 0.6} 2/4 * |0.6 - 0.5|, {0.9} 1/4 * |0.9 - 1| -> 0.1.
-    assert expected_calibration_error(labels, probs) == pytest.approx(0.1)
-    assert expected_calibration_error(np.array([1, 0]), np.array([1.0, 0.0])) == 0.0  # p = 1 in the last bin
-    with pytest.raises(ValueError, match="equal-length"):
-        brier_score(labels, probs[:3])
-    with pytest.raises(ValueError, match="0/1"):
-        expected_calibration_error(np.array([2]), np.array([0.5]))
 
 
 def test_k_larger_than_pool_returns_every_document_once():
