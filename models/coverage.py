@@ -175,8 +175,9 @@ def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_d
 
 def load_first_stage(path_or_name: str, *, batch_size: int, max_length: int, device, autocast_dtype=None,
                      progress: Callable[[str], None] | None = None) -> Callable[[list[str]], np.ndarray]:
-    """A bi-encoder (any saved one, e.g. the coverage bi-encoder, or a Hugging Face path or name) as the
-    first stage of `estimate_coverage_pruned`: texts -> unit vectors."""
+    """A bi-encoder (any saved one, e.g. the coverage bi-encoder, or a Hugging Face path or name) as a
+    function texts -> unit vectors: the first stage of `estimate_coverage_pruned`, and the window scorer of
+    models/windows.py."""
     from covlab.models.biencoder import encode, load_biencoder
 
     model, tokenizer, _ = load_biencoder(path_or_name, device)

@@ -24,7 +24,7 @@ from ir_measures import P, StRecall, alpha_nDCG, nDCG
 
 from covlab.models.schemas import Schema
 
-# The lead may move these next to the other declared tables in schemas.py.
+# Per-query figures and their means: the tables every report builds on.
 PER_QUERY_METRICS = Schema("per_query_metrics", {"query_id": "string", "metric": "string", "value": "float64"},
                            key=("query_id", "metric"))
 METRIC_SUMMARY = Schema("metric_summary", {"metric": "string", "mean": "float64", "n": "int64"}, key=("metric",))

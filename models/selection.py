@@ -21,8 +21,7 @@ import pandas as pd
 from covlab.models.metrics import evaluate_run
 from covlab.models.schemas import Schema
 
-# The run every selector produces: rank 1 is the first document selected. The lead may move this next to
-# the other declared tables in schemas.py.
+# The run every selector produces: rank 1 is the first document selected.
 SELECTIONS = Schema("selections", {"query_id": "string", "rank": "int64", "doc_id": "string"},
                     key=("query_id", "rank"))
 SELECTION_METHODS = ("relevance", "greedy", "soft_greedy")
