@@ -4,6 +4,7 @@ coverage is never meant to do worse than its fallback, the coverage bi-encoder o
 gate it selects in that order, and above it hard and soft greedy move away from that order only as far as
 the tune split rewards (the blend weight chosen on dev)."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -11,7 +12,8 @@ from dagster import AssetIn, AssetKey, MetadataValue, Output, asset
 
 from covlab.assets.partitions import DATASETS
 from covlab.models.coverage import queries_of, rank_pool_by
-from covlab.models.selection import select_per_query, select_trusting_estimate
+from covlab.models.selection import (ESTIMATED, GOLD, CoverageColumns, GreedyCoverage, RelevanceSelection, KSelector,
+                                     SoftGreedyCoverage, select_per_query, select_trusting_estimate)
 from covlab.resources.evaluation import EvaluationResource
 
 
@@ -20,9 +22,15 @@ class SelectionMethod:
     name: str
     description: str
     ranking: str | None  # POOL_SCORES column that orders the pool (ties and fill); None: BM25 order
-    method: str = "relevance"  # select_per_query method
-    coverage: str | None = None  # asset holding the coverage matrix
-    gold: bool = False  # the coverage asset is nugget_links (grade), not an estimated matrix (probability)
+    # the selector under the evaluation settings (hard greedy on an estimated matrix counts p >= their tau)
+    selector: Callable[[EvaluationResource], KSelector] = lambda evaluation: RelevanceSelection()
+    coverage: str | None = None  # asset holding the coverage table
+    columns: CoverageColumns = ESTIMATED  # that table's columns: an estimated matrix, or GOLD for nugget_links
+
+    @property
+    def estimated(self) -> bool:
+        """Whether the method reads an estimated coverage matrix (and so goes through the estimator gate)."""
+        return self.coverage is not None and self.columns == ESTIMATED
 
 
 METHODS = [
@@ -32,19 +40,19 @@ METHODS = [
                     "coverage_trained"),
     SelectionMethod("coverage_greedy", "greedy max-marginal coverage on the estimated matrix at tau, ties and "
                     "fill by the coverage bi-encoder, blended with that order by the weight chosen on the tune "
-                    "split (+ estimator and greedy)", "coverage_trained", "greedy",
-                    "estimated_coverage_matrix"),
+                    "split (+ estimator and greedy)", "coverage_trained",
+                    lambda evaluation: GreedyCoverage(threshold=evaluation.tau), "estimated_coverage_matrix"),
     SelectionMethod("coverage_greedy_soft", "[chosen extension] soft greedy on the estimated probabilities, blended "
                     "with the coverage bi-encoder order by the weight chosen on the tune split",
-                    "coverage_trained", "soft_greedy", "estimated_coverage_matrix"),
+                    "coverage_trained", lambda evaluation: SoftGreedyCoverage(), "estimated_coverage_matrix"),
     SelectionMethod("gold_nugget_bound", "the pipeline with the gold nuggets as subquestions, blended as "
-                    "coverage_greedy (gold nuggets)",
-                    "coverage_trained", "greedy", "estimated_gold_coverage_matrix"),
+                    "coverage_greedy (gold nuggets)", "coverage_trained",
+                    lambda evaluation: GreedyCoverage(threshold=evaluation.tau), "estimated_gold_coverage_matrix"),
     SelectionMethod("gold_nugget_bound_soft", "[chosen extension] soft greedy on the estimator's probabilities "
-                    "for the gold nuggets, blended as coverage_greedy_soft", "coverage_trained", "soft_greedy",
-                    "estimated_gold_coverage_matrix"),
+                    "for the gold nuggets, blended as coverage_greedy_soft", "coverage_trained",
+                    lambda evaluation: SoftGreedyCoverage(), "estimated_gold_coverage_matrix"),
     SelectionMethod("oracle_greedy", "greedy on the gold coverage matrix (oracle greedy)", "coverage_trained",
-                    "greedy", "nugget_links", gold=True),
+                    lambda evaluation: GreedyCoverage(threshold=1.0), "nugget_links", GOLD),  # a link of grade >= 1
 ]
 
 
@@ -61,15 +69,14 @@ def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.
     """One method's run; a method on estimated coverage goes through the estimator gate and the blend
     (models/selection.py: select_trusting_estimate)."""
     pool = _ranked_pool(bm25_pools, pool_scores, queries, evaluation, spec.ranking)
-    columns = ("nugget_id", "grade", 1.0) if spec.gold else ("subq_id", "probability", evaluation.tau)
-    metadata = {"k": evaluation.k, "method": spec.method, "ordered_by": spec.ranking or "bm25",
+    selector = spec.selector(evaluation)
+    metadata = {"k": evaluation.k, "method": selector.name, "ordered_by": spec.ranking or "bm25",
                 "settings": MetadataValue.json(evaluation.model_dump())}
     if coverage_estimator is None:
-        selected = select_per_query(pool, spec.method, evaluation.k, coverage, nugget_column=columns[0],
-                                    value_column=columns[1], threshold=columns[2])
+        selected = select_per_query(pool, selector, evaluation.k, coverage, spec.columns)
     else:
         selected, decision = select_trusting_estimate(
-            pool, spec.method, evaluation.k, coverage, columns[0], columns[1], columns[2],
+            pool, selector, evaluation.k, coverage, spec.columns,
             dev_auc=coverage_estimator["dev_auc"], min_dev_auc=evaluation.min_estimator_dev_auc, queries=queries,
             tune_split=evaluation.tune_split, nugget_links=nugget_links, weights=evaluation.blend_weights,
             alpha=evaluation.alpha)
@@ -83,9 +90,8 @@ def selection_asset(spec: SelectionMethod, code_version: str | None = None):
     """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, a covering
     method also its coverage matrix; one on estimated coverage also the estimator (its gate) and the gold
     nugget links (its blend weight is chosen on the tune split)."""
-    estimated = spec.coverage is not None and not spec.gold
     common = dict(name=f"selection_{spec.name}", partitions_def=DATASETS, group_name="selections",
-                  code_version=code_version or ("3" if estimated else "1"),
+                  code_version=code_version or ("3" if spec.estimated else "1"),
                   description=f"Selection: {spec.description}.")
     if spec.ranking is None and spec.coverage is None:
         @asset(**common)
@@ -104,7 +110,7 @@ def selection_asset(spec: SelectionMethod, code_version: str | None = None):
         return ranked
 
     coverage_in = {"coverage": AssetIn(key=AssetKey(spec.coverage))}
-    if not estimated:
+    if not spec.estimated:
         @asset(ins=coverage_in, **common)
         def covering(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
                      coverage: pd.DataFrame, evaluation: EvaluationResource) -> Output[pd.DataFrame]:

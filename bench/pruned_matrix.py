@@ -43,7 +43,7 @@ from covlab.models.coverage import (document_texts, estimate_coverage, estimate_
 from covlab.models.cross_encoder import train_cross_encoder  # noqa: E402
 from covlab.models.encoders import default_base_model  # noqa: E402
 from covlab.models.metrics import evaluate_run  # noqa: E402
-from covlab.models.selection import select_per_query  # noqa: E402
+from covlab.models.selection import ESTIMATED, GreedyCoverage, SoftGreedyCoverage, select_per_query  # noqa: E402
 from covlab.models.subquestions import gold_subquestions  # noqa: E402
 from covlab.models.windows import WindowSelection  # noqa: E402
 from covlab.orchestration.cli import DEMO_CONFIG  # noqa: E402
@@ -163,12 +163,11 @@ def main() -> None:
 
     dev_pool = pools[pools["query_id"].isin(set(pairs["query_id"]))]
     selections, agree = {}, {}
-    for method, options in (("soft_greedy", {}), ("greedy", {"threshold": TAU})):
-        chosen = {side: select_per_query(dev_pool, method, K, coverage=matrix, nugget_column="subq_id",
-                                         value_column="probability", **options)
+    for selector in (SoftGreedyCoverage(), GreedyCoverage(threshold=TAU)):
+        chosen = {side: select_per_query(dev_pool, selector, K, coverage=matrix, columns=ESTIMATED)
                   for side, matrix in (("full", full), ("pruned", pruned))}
-        agree[method] = agreement(chosen["full"], chosen["pruned"])
-        selections[method] = {side: quality(run, ds) for side, run in chosen.items()}
+        agree[selector.name] = agreement(chosen["full"], chosen["pruned"])
+        selections[selector.name] = {side: quality(run, ds) for side, run in chosen.items()}
     gold = pairs.merge(ds.nugget_links.rename(columns={"nugget_id": "subq_id"}), how="left",
                        on=["query_id", "doc_id", "subq_id"])["grade"].notna().to_numpy()
     result = {

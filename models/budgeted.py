@@ -11,12 +11,23 @@ Conventions shared by every selector here:
 - similarities are dot products of L2-normalised embeddings (cosines); MMR and AdaGReS keep one similarity
   row per selected item and update their penalties from it; nothing pool x pool is precomputed except the
   facility-location similarity matrix, which is that method's definition.
+
+`select_batch(selector, pools, budget)` returns exactly `[selector(pool, budget) for pool in pools]`.
+CoverageGreedy has a batched path (`_select_batch`; a single pool is a batch of one, run by `_budgeted_greedy`
+exactly as before batching): several pools run the greedy loop in lockstep (`_greedy_batch`, which steps each
+row as `_budgeted_greedy` steps a pool), so each step's fitting, masking, scoring and argmax are one array
+operation for the whole batch (one padded pools x items x viewpoints coverage array), scored by the same
+function as one pool (`_expected_new`), every score coming out bit for bit as for the pool alone. The other
+selectors run pool by pool: MMR's and AdaGReS's work is one similarity row (a matrix-vector product over the
+pool's embeddings) per step, which lockstep would run on pools evicted from cache in between (about 3.5x
+slower per row on ArgKP pools), and BLAS results depend on the operands' layout, so those rows cannot be
+stacked across pools without changing results.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol, runtime_checkable
@@ -71,7 +82,10 @@ class Pool:
     - tokens: (n,) positive integer token costs t(d);
     - relevance: (n,) relevance scores; default the cosine of each item to the query;
     - covers: optional (n, V) matrix M[d, v] of coverage probabilities or 0/1, for the coverage selectors;
-    - source_units: optional (n,) labels of the source unit each item comes from (RVC2, METHODS.md §2).
+    - source_units: optional (n,) labels of the source unit each item comes from (RVC2, METHODS.md §2);
+    - atoms, atom_items: optional (m, d) L2-normalised embeddings of the items' sentence-level atoms and the
+      item index each belongs to (LMVU's atomic-state features, METHODS.md §2); without them every item is
+      its own single atom. Every item has at least one atom.
     """
     embeddings: np.ndarray
     query: np.ndarray
@@ -79,6 +93,8 @@ class Pool:
     relevance: np.ndarray | None = None
     covers: np.ndarray | None = None
     source_units: np.ndarray | None = None
+    atoms: np.ndarray | None = None
+    atom_items: np.ndarray | None = None
 
     def __post_init__(self):
         embeddings = np.asarray(self.embeddings, dtype=float)
@@ -120,6 +136,22 @@ class Pool:
             if units.shape != (n,):
                 raise ValueError(f"source_units must hold one label per item ({n}); got shape {units.shape}")
             object.__setattr__(self, "source_units", _read_only(units))
+        if (self.atoms is None) != (self.atom_items is None):
+            raise ValueError("atoms and atom_items go together: give both or neither")
+        if self.atoms is None:
+            atoms, items = self.embeddings, np.arange(n)
+        else:
+            atoms, items = np.asarray(self.atoms, dtype=float), np.asarray(self.atom_items)
+            if atoms.ndim != 2 or atoms.shape[1] != dim or items.shape != (len(atoms),):
+                raise ValueError(f"atoms must be an (m, {dim}) matrix with one atom_items entry per row; got "
+                                 f"shapes {atoms.shape} and {items.shape}")
+            if not np.issubdtype(items.dtype, np.integer) or not np.array_equal(np.unique(items), np.arange(n)):
+                raise ValueError(f"atom_items must be item indices in [0, {n}) naming every item at least once")
+            norms = np.linalg.norm(atoms, axis=1)
+            if not np.isfinite(atoms).all() or (np.abs(norms - 1) > NORM_TOLERANCE).any():
+                raise ValueError("atoms must be finite with L2-normalised rows")
+        object.__setattr__(self, "atoms", _read_only(atoms))
+        object.__setattr__(self, "atom_items", _read_only(items.astype(np.int64)))
 
     @property
     def size(self) -> int:
@@ -297,25 +329,97 @@ class CoverageGreedy:
         return "coverage_soft" if self.soft else f"coverage_hard_tau{self.tau:g}"
 
     def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
-        if pool.covers is None:
-            raise ValueError(f"{self.name} needs the pool's covers matrix M[d, v]; the pool has none")
-        order = _relevance_order(pool)
-        costs = budget.costs(pool.tokens)[order]
-        covers = pool.covers[order] if self.soft else (pool.covers[order] >= self.tau).astype(float)
-        uncovered = np.ones(covers.shape[1])  # prod_{s in S} (1 - p_sv): probability v is still open
+        return self._select_batch([pool], budget)[0]
 
-        def add(best: int) -> None:
-            np.multiply(uncovered, 1.0 - covers[best], out=uncovered)
+    def _select_batch(self, pools: Sequence[Pool], budget: Budget) -> list[np.ndarray]:
+        for pool in pools:
+            if pool.covers is None:
+                raise ValueError(f"{self.name} needs the pool's covers matrix M[d, v]; the pool has none")
+        batch = _Batch(pools, budget)
+        own = [pool.covers[order] if self.soft else (pool.covers[order] >= self.tau).astype(float)
+               for pool, order in zip(pools, batch.orders)]  # each pool's M[d, v] in relevance order
+        available = batch.available()
+        if len(pools) == 1:
+            covers, costs = own[0], batch.costs[0]
+            uncovered = np.ones(covers.shape[1])  # prod_{s in S} (1 - p_sv): probability v is still open
 
-        chosen, used = _budgeted_greedy(costs, budget, lambda: (covers @ uncovered) / costs, add,
-                                        stop_at_nonpositive=True)
-        rest = np.delete(np.arange(len(order)), chosen)
-        return order[_fill(rest, costs, budget, used, chosen.tolist())]
+            def add_one(best: int) -> None:
+                available[0, best] = False
+                _close(uncovered, covers[best])
+
+            picked, spent = _budgeted_greedy(costs, budget, lambda: _expected_new(covers, uncovered) / costs,
+                                             add_one, stop_at_nonpositive=True)
+            chosen, used = [picked.tolist()], [spent]
+        else:
+            chosen, used = self._lockstep(batch, own, available)
+        # Then the relevance-order fill over the items not chosen (`available` is now exactly those).
+        return batch.selections([_fill(np.flatnonzero(available[row, :size]), batch.costs[row, :size], budget,
+                                       spent, picked)
+                                 for row, (size, picked, spent) in enumerate(zip(batch.sizes, chosen, used))])
+
+    def _lockstep(self, batch: _Batch, own: list[np.ndarray], available: np.ndarray):
+        """The greedy part for several pools at once (`_greedy_batch`), scored by `_expected_new` as one pool
+        alone is. With 0/1 coverage (always when hard) every product and sum in a gain is an exact small
+        integer, so one stacked product over the padded (n_pools, n_items, n_viewpoints) matrix gives each
+        pool's own matrix-vector product bit for bit; probabilities keep one product per pool, on its own
+        array, as when it is alone."""
+        covers = np.zeros(batch.shape + (max(matrix.shape[1] for matrix in own),))  # 0 beyond items, viewpoints
+        for row, matrix in enumerate(own):
+            covers[row, :len(matrix), :matrix.shape[1]] = matrix
+        costs = np.where(available, batch.costs, 1)  # padding costs 1: never divided by 0
+        if not self.soft or ((covers == 0) | (covers == 1)).all():
+            uncovered = np.ones((len(own), covers.shape[2]))  # a padding viewpoint stays open, adds 0 to gains
+
+            def scores(rows: np.ndarray) -> np.ndarray:
+                return _expected_new(covers, uncovered) / costs
+
+            def add(rows: np.ndarray, best: np.ndarray) -> None:
+                uncovered[rows] = _close(uncovered[rows], covers[rows, best])
+        else:
+            open_ = [np.ones(matrix.shape[1]) for matrix in own]
+            gains = np.zeros(batch.shape)  # the rows of the pools still going
+
+            def scores(rows: np.ndarray) -> np.ndarray:
+                for row in rows.tolist():
+                    gains[row, :len(own[row])] = _expected_new(own[row], open_[row])
+                return gains / costs
+
+            def add(rows: np.ndarray, best: np.ndarray) -> None:
+                for row, item in zip(rows.tolist(), best.tolist()):
+                    _close(open_[row], own[row][item])
+
+        chosen, used = _greedy_batch(batch.costs, batch.limits, available, scores, add, stop_at_nonpositive=True)
+        return chosen, used.tolist()
+
+
+def _expected_new(covers: np.ndarray, uncovered: np.ndarray) -> np.ndarray:
+    """CoverageGreedy's gain before division by cost: sum_v p_dv * uncovered_v for every item d, the expected
+    number of viewpoints d newly covers (an (n_items, V) matrix and (V,) vector: one pool; (n_pools, n_items, V)
+    and (n_pools, V): a batch)."""
+    if covers.ndim == 2:
+        return covers @ uncovered
+    return np.matmul(covers, uncovered[:, :, None])[:, :, 0]
+
+
+def _close(uncovered: np.ndarray, covered: np.ndarray) -> np.ndarray:
+    """CoverageGreedy's state after adding an item: uncovered_v *= 1 - p_dv (in place, and returned)."""
+    return np.multiply(uncovered, 1.0 - covered, out=uncovered)
 
 
 # The default line-up: relevance, MMR (lambda 0.5), FacLoc, AdaGReS (adaptive beta), coverage greedy soft/hard.
 SELECTORS: tuple[Selector, ...] = (RelevanceOrder(), MMR(0.5), FacilityLocation(), AdaGReS(),
                                    CoverageGreedy(soft=True), CoverageGreedy(soft=False))
+
+
+def select_batch(selector: Selector, pools: Sequence[Pool], budget: Budget) -> list[np.ndarray]:
+    """Exactly `[selector(pool, budget) for pool in pools]`, computed for the whole batch at once by the
+    selectors that have a batched path (`_select_batch`: CoverageGreedy, module docstring); any other
+    selector is called pool by pool."""
+    pools = list(pools)
+    batched = getattr(selector, "_select_batch", None)
+    if batched is None or not pools:
+        return [selector(pool, budget) for pool in pools]
+    return batched(pools, budget)
 
 
 def _relevance_order(pool: Pool) -> np.ndarray:
@@ -331,32 +435,122 @@ def _budgeted_greedy(costs: np.ndarray, budget: Budget, scores: Callable[[], np.
     `add(best)` updates the caller's state for the next step's scores. Stops when nothing fits, or, with
     `stop_at_nonpositive`, before taking an item whose score is <= 0.
     Returns the chosen indices in selection order and the budget units they spend."""
+    costs = np.asarray(costs)
+    step_costs = costs.tolist()
     chosen: list[int] = []
     used = 0
     available = np.ones(len(costs), dtype=bool)
+    candidates = np.empty(len(costs), dtype=bool)
+    limit, integer = _limit(budget), np.issubdtype(costs.dtype, np.integer)
     while True:
-        candidates = available & budget.fits(used, costs)
+        _fitting(costs, limit, used, integer, out=candidates)
+        np.logical_and(candidates, available, out=candidates)
         if not candidates.any():
             break
         masked = np.where(candidates, scores(), -np.inf)
-        best = int(np.argmax(masked))
+        best = int(masked.argmax())
         if stop_at_nonpositive and masked[best] <= 0:
             break
         chosen.append(best)
         available[best] = False
-        used += costs[best]
+        used += step_costs[best]
         add(best)
     return np.asarray(chosen, dtype=np.int64), used
 
 
+def _greedy_batch(costs: np.ndarray, limits: np.ndarray, available: np.ndarray,
+                  scores: Callable[[np.ndarray], np.ndarray], add: Callable[[np.ndarray, np.ndarray], None],
+                  stop_at_nonpositive: bool = False) -> tuple[list[list[int]], np.ndarray]:
+    """`_budgeted_greedy` for a batch of pools in lockstep, one pool per row of the (n_pools, n_items) arrays
+    (rows padded to the largest pool; `available` False on the padding, and updated in place): each step,
+    every pool still going takes the argmax of its row of `scores(rows)` among its available items whose
+    cost still fits its limit (ties to the lower index), then `add(rows, best)` updates the callers' state
+    for the pools in `rows` (their step's items `best`). `scores(rows)` returns (n_pools, n_items) scores of
+    which only the rows listed, the pools still going, are read. A pool stops when nothing fits, or, with
+    `stop_at_nonpositive`, before taking an item whose score is <= 0; a stopped pool's state is never read
+    again. Returns each pool's chosen indices in selection order and the budget units each spends (one row of
+    a batch goes exactly as `_budgeted_greedy` goes on it alone: tests/test_budgeted.py)."""
+    n_pools = len(costs)
+    used = np.zeros(n_pools, dtype=np.result_type(costs.dtype, np.int64))
+    chosen: list[list[int]] = [[] for _ in range(n_pools)]
+    going = np.ones(n_pools, dtype=bool)
+    every = np.arange(n_pools)
+    candidates = np.empty(costs.shape, dtype=bool)
+    limits, integer = limits[:, None], np.issubdtype(costs.dtype, np.integer)
+    while True:
+        _fitting(costs, limits, used[:, None], integer, out=candidates)
+        np.logical_and(candidates, available, out=candidates)
+        going &= candidates.any(axis=1)
+        rows = going.nonzero()[0]
+        if not len(rows):
+            break
+        masked = np.where(candidates, scores(rows), -np.inf)
+        best = masked.argmax(axis=1)
+        if stop_at_nonpositive:
+            going &= ~(masked[every, best] <= 0)
+            rows = going.nonzero()[0]
+            if not len(rows):
+                break
+        best = best[rows]
+        for row, item in zip(rows.tolist(), best.tolist()):
+            chosen[row].append(item)
+        available[rows, best] = False
+        used[rows] += costs[rows, best]
+        add(rows, best)
+    return chosen, used
+
+
+def _fitting(costs: np.ndarray, limit, used, integer: bool, out: np.ndarray) -> np.ndarray:
+    """Budget.fits(used, costs) into `out`: used + cost <= limit. Integer costs compare against limit - used
+    instead, the same test without overflow (used <= limit), one array operation fewer."""
+    if integer:
+        return np.less_equal(costs, np.subtract(limit, used), out=out)
+    return np.less_equal(np.add(costs, used), limit, out=out)
+
+
+def _limit(budget: Budget) -> int:
+    """The budget's limit as an int64 (a larger limit than int64 holds lets everything fit, as this does)."""
+    return min(budget.limit, np.iinfo(np.int64).max)
+
+
+class _Batch:
+    """A batch of pools in relevance order, padded to the largest: `orders` (each pool's `_relevance_order`),
+    `sizes`, `shape` (n_pools, n_items), `costs` (budget units, 0 on the padding) and `limits`."""
+
+    def __init__(self, pools: Sequence[Pool], budget: Budget):
+        self.orders = [_relevance_order(pool) for pool in pools]
+        self.sizes = [len(order) for order in self.orders]
+        self.shape = (len(self.orders), max(self.sizes, default=0))
+        self.costs = self.pad([budget.costs(pool.tokens) for pool in pools], dtype=np.int64)
+        self.limits = np.full(len(self.orders), _limit(budget), dtype=np.int64)
+
+    def pad(self, values: Sequence[np.ndarray], dtype=float) -> np.ndarray:
+        """Per-pool item values (pool order) as one (n_pools, n_items) matrix in relevance order, 0 padded."""
+        padded = np.zeros(self.shape, dtype=dtype)
+        for row, (value, order) in enumerate(zip(values, self.orders)):
+            padded[row, :len(order)] = value[order]
+        return padded
+
+    def available(self) -> np.ndarray:
+        """True on every pool's items, False on the padding (a fresh array: `_greedy_batch` updates it)."""
+        return np.arange(self.shape[1])[None, :] < np.asarray(self.sizes, dtype=np.int64)[:, None]
+
+    def selections(self, chosen: Sequence) -> list[np.ndarray]:
+        """Positions in relevance order, per pool, as pool indices."""
+        return [order[np.asarray(picked, dtype=np.int64)] for order, picked in zip(self.orders, chosen)]
+
+
 def _fill(walk: np.ndarray, costs: np.ndarray, budget: Budget, used: int, chosen: list[int]) -> np.ndarray:
     """`chosen` extended by the items of `walk`, in that order, that still fit; `costs` indexed like `walk`'s
-    entries."""
+    entries. (A plain loop over Python numbers: the same sums and comparisons as `Budget.fits`, without an
+    array operation per item, which on ~100-item walks is faster than any vectorised form.)"""
     chosen = list(chosen)
-    for item in walk:
-        if budget.fits(used, costs[item]):
-            chosen.append(int(item))
-            used += costs[item]
+    walk = np.asarray(walk, dtype=np.int64)
+    limit = budget.limit
+    for item, cost in zip(walk.tolist(), np.asarray(costs)[walk].tolist()):
+        if used + cost <= limit:
+            chosen.append(item)
+            used += cost
     return np.asarray(chosen, dtype=np.int64)
 
 

@@ -7,22 +7,27 @@ pipeline: it checks columns and types and returns a copy in the declared dtypes 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 
 @dataclass(frozen=True)
 class Schema:
+    """A table's columns (name -> dtype, in order) and key. `defaults` names optional columns: a table
+    without one of them gets it as a copy of the named column (queries without a topic are their own topic)."""
     name: str
     columns: dict[str, str]
     key: tuple[str, ...] = ()
+    defaults: dict[str, str] = field(default_factory=dict)
 
     def empty(self) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in self.columns.items()})
 
     def conform(self, frame: pd.DataFrame, source: str = "table") -> pd.DataFrame:
         """`frame` with exactly this schema's columns, in order and dtype; DatasetError names what is off."""
+        frame = frame.assign(**{c: frame[source] for c, source in self.defaults.items()
+                                if c not in frame.columns and source in frame.columns})
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise DatasetError(f"{source}: {self.name} is missing column(s) {missing}; "
@@ -69,7 +74,9 @@ def _first_uncastable(series: pd.Series, dtype: str) -> tuple[int, object]:
 
 CORPUS = Schema("corpus", {"doc_id": "string", "title": "string", "text": "string",
                            "source_unit": "string"}, key=("doc_id",))
-QUERIES = Schema("queries", {"query_id": "string", "text": "string", "split": "string"}, key=("query_id",))
+# topic: what topic-grouped cross-validation groups by (ArgKP: a topic's two stances); default the query itself.
+QUERIES = Schema("queries", {"query_id": "string", "text": "string", "split": "string", "topic": "string"},
+                 key=("query_id",), defaults={"topic": "query_id"})
 NUGGETS = Schema("nuggets", {"query_id": "string", "nugget_id": "string", "text": "string"},
                  key=("query_id", "nugget_id"))
 NUGGET_LINKS = Schema("nugget_links", {"query_id": "string", "doc_id": "string", "nugget_id": "string",

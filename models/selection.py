@@ -1,7 +1,8 @@
 """Coverage-aware context selection (METHODS.md §1): greedy max-marginal coverage, its soft extension,
-relevance order, and the per-query driver that turns a pool and a coverage table into a run; and how far
-a selection may trust the coverage estimate it reads (the blend with the fallback order, tuned on dev, and
-the estimator's trust gate).
+relevance order, the typed selectors that choose among them (`RelevanceSelection`, `GreedyCoverage`,
+`SoftGreedyCoverage`) and the per-query driver that turns a pool and a coverage table (its columns named
+by a `CoverageColumns`) into a run; and how far a selection may trust the coverage estimate it reads (the
+blend with the fallback order, tuned on dev, and the estimator's trust gate).
 
 Conventions shared by every selector here: a selection is an array of distinct document indices in
 selection order; `tie_break` is a score per document (higher first, then lower index), which is also the
@@ -12,8 +13,8 @@ selection's fallback: what it returns when the estimate carries no information.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,20 @@ from covlab.models.schemas import Schema
 # The run every selector produces: rank 1 is the first document selected.
 SELECTIONS = Schema("selections", {"query_id": "string", "rank": "int64", "doc_id": "string"},
                     key=("query_id", "rank"))
-SELECTION_METHODS = ("relevance", "greedy", "soft_greedy")
+
+
+@dataclass(frozen=True)
+class CoverageColumns:
+    """Where a long-form coverage table (query_id, doc_id, <nugget>, <value>) keeps each pair's subquestion
+    and its value M[d, v]."""
+    nugget: str
+    value: str
+
+
+# An estimated COVERAGE_MATRIX (models/coverage.py): the estimator's probability per (document, subquestion).
+ESTIMATED = CoverageColumns(nugget="subq_id", value="probability")
+# A NUGGET_LINKS table: the gold grade per (document, nugget).
+GOLD = CoverageColumns(nugget="nugget_id", value="grade")
 
 
 def relevance_order(scores: np.ndarray, k: int) -> np.ndarray:
@@ -68,9 +82,13 @@ def blended_soft_greedy(probs: np.ndarray, tie_break: np.ndarray, k: int, weight
     subquestions, f_d = 1 - (r_d - 1) / n the fallback score of the document at rank r_d of the n in
     `tie_break` order. weight 0 is exactly the fallback order, weight 1 exactly `soft_greedy_coverage`;
     `choose_blend_weight` picks the weight on the tune split."""
+    _check_weight(weight)
+    return _greedy_expected_coverage(_probabilities(probs), tie_break, k, weight)
+
+
+def _check_weight(weight: float) -> None:
     if not 0 <= weight <= 1:
         raise ValueError(f"weight must lie in [0, 1]; got {weight!r}")
-    return _greedy_expected_coverage(_probabilities(probs), tie_break, k, weight)
 
 
 def _probabilities(probs: np.ndarray) -> np.ndarray:
@@ -123,37 +141,76 @@ def coverage_curve(covers: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.logical_or.accumulate(covers[order], axis=0).sum(axis=1)
 
 
-def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataFrame | None = None,
-                     nugget_column: str = "nugget_id", value_column: str = "grade",
-                     threshold: float = 1.0, weight: float = 1.0) -> pd.DataFrame:
-    """A SELECTIONS run: for every query of `pool` (a POOLS table), `k` documents chosen by `method`.
+@dataclass(frozen=True)
+class RelevanceSelection:
+    """The relevance baseline: the first k documents in fallback order (`relevance_order` of `tie_break`);
+    reads no coverage."""
+    name: ClassVar[str] = "relevance"
 
-    - relevance: the pool's first k by rank.
-    - greedy: `greedy_coverage` on M[d, v] = value >= threshold (gold links: grade >= 1, METHODS.md §1
-      judgments: rating >= 4, estimator: p >= tau = 0.3).
-    - soft_greedy: `blended_soft_greedy` on the values themselves (probabilities in [0, 1]) with `weight`
-      (1: plain `soft_greedy_coverage`, 0: the pool order).
-    - greedy blends too, on the 0/1 matrix: weight 1 (the default) is `greedy_coverage`.
+    def __call__(self, values: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+        return relevance_order(tie_break, k)
+
+
+@dataclass(frozen=True)
+class GreedyCoverage:
+    """Greedy max-marginal coverage (METHODS.md §1) on the binary matrix M[d, v] = value >= `threshold`
+    (gold links: grade >= 1; judgments: rating >= 4; estimator: p >= tau = 0.3), blended with the fallback
+    order by `weight` (`blended_soft_greedy` on the 0/1 matrix): weight 1, the default, is
+    `greedy_coverage` itself, weight 0 the fallback order."""
+    threshold: float
+    weight: float = 1.0
+    name: ClassVar[str] = "greedy"
+
+    def __post_init__(self):
+        _check_weight(self.weight)
+
+    def __call__(self, values: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+        return blended_soft_greedy((values >= self.threshold).astype(float), tie_break, k, self.weight)
+
+
+@dataclass(frozen=True)
+class SoftGreedyCoverage:
+    """[chosen extension, METHODS.md §1] Soft greedy on the values themselves (probabilities in [0, 1]),
+    blended with the fallback order by `weight` (`blended_soft_greedy`): weight 1, the default, is
+    `soft_greedy_coverage` itself, weight 0 the fallback order."""
+    weight: float = 1.0
+    name: ClassVar[str] = "soft_greedy"
+
+    def __post_init__(self):
+        _check_weight(self.weight)
+
+    def __call__(self, values: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+        return blended_soft_greedy(values, tie_break, k, self.weight)
+
+
+# The selectors that read a coverage table, blended with their fallback order by their `weight`.
+CoverageSelector = GreedyCoverage | SoftGreedyCoverage
+# Every k-document selector (the token-budgeted ones are models/budgeted.Selector): called as
+# selector(values, tie_break, k) on one query's M[d, v] values (n_docs, n_subquestions), it returns the indices
+# of the documents it selects.
+KSelector = RelevanceSelection | CoverageSelector
+
+
+def select_per_query(pool: pd.DataFrame, selector: KSelector, k: int, coverage: pd.DataFrame | None = None,
+                     columns: CoverageColumns = GOLD) -> pd.DataFrame:
+    """A SELECTIONS run: for every query of `pool` (a POOLS table), the `k` documents `selector` chooses.
+
     Ties and fill follow the pool rank (rank 1 first): a reranked pool carries the bi-encoder order.
-    `coverage` is long-form (query_id, doc_id, <nugget_column>, <value_column>); the defaults read a
-    NUGGET_LINKS table. The subquestions of a query are those named in its coverage rows; pool documents
-    without rows cover nothing; a query without rows falls back to relevance order."""
-    if method not in SELECTION_METHODS:
-        raise ValueError(f"unknown selection method {method!r}; expected one of {SELECTION_METHODS}")
+    `coverage` is long-form (query_id, doc_id, <columns.nugget>, <columns.value>); the default columns read
+    a NUGGET_LINKS table. A coverage selector needs it; `RelevanceSelection` reads none. The subquestions
+    of a query are those named in its coverage rows; pool documents without rows cover nothing; a query
+    without rows falls back to the pool order."""
+    if not isinstance(selector, KSelector):
+        raise TypeError(f"expected a selector (RelevanceSelection, GreedyCoverage or SoftGreedyCoverage); "
+                        f"got {selector!r}")
     _check_k(k)
     pool = _ranked_pool(pool)
-    by_query = _coverage_by_query(coverage, method, nugget_column, value_column)
+    by_query = _coverage_by_query(coverage, selector, columns)
     frames = []
     for query_id, docs in pool.groupby("query_id", sort=True):
         doc_ids = docs["doc_id"].to_numpy()
-        pool_order = -docs["rank"].to_numpy(dtype=float)
-        if method == "relevance":
-            chosen = relevance_order(pool_order, k)
-        else:
-            matrix = _query_matrix(doc_ids, by_query.get(query_id), nugget_column, value_column)
-            # On the 0/1 matrix of hard greedy the blend at weight 1 is `greedy_coverage` itself.
-            covers = (matrix >= threshold).astype(float) if method == "greedy" else matrix
-            chosen = blended_soft_greedy(covers, pool_order, k, weight)
+        chosen = selector(_query_matrix(doc_ids, by_query.get(query_id), columns),
+                          -docs["rank"].to_numpy(dtype=float), k)
         frames.append(pd.DataFrame({"query_id": query_id, "rank": np.arange(1, len(chosen) + 1),
                                     "doc_id": doc_ids[chosen]}))
     return SELECTIONS.conform(pd.concat(frames, ignore_index=True) if frames else SELECTIONS.empty(),
@@ -162,7 +219,7 @@ def select_per_query(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataF
 
 @dataclass(frozen=True)
 class BlendChoice:
-    """The blend weight of `blended_soft_greedy` chosen on the tune split, with its evidence: the mean
+    """The blend weight of a coverage selector chosen on the tune split, with its evidence: the mean
     `metric` of every candidate weight there. The weight-0 score is the fallback order's own."""
     weight: float
     scores: dict[float, float]
@@ -183,14 +240,14 @@ class BlendChoice:
 
 def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, coverage: pd.DataFrame,
                         nugget_links: pd.DataFrame, weights: Sequence[float], k: int, alpha: float,
-                        nugget_column: str = "subq_id", value_column: str = "probability",
-                        method: str = "soft_greedy", threshold: float = 1.0) -> BlendChoice:
-    """[chosen] The weight of `blended_soft_greedy` (for `method` soft_greedy, or greedy on the matrix at
-    `threshold`) with the best mean alpha-nDCG@k against the gold nuggets
-    (models/metrics.py, ndeval) on the `split` queries of `pool`, ties toward the smaller weight (the
-    fallback). `weights` must include 0, the pool order itself, so the chosen rule never scores below the
-    fallback on that split. `queries` is a QUERIES table (query_id, split); `coverage` is long-form as in
-    `select_per_query`, the defaults naming an estimated COVERAGE_MATRIX's columns."""
+                        selector: CoverageSelector = SoftGreedyCoverage(),
+                        columns: CoverageColumns = ESTIMATED) -> BlendChoice:
+    """[chosen] The weight of `selector` (each candidate in `weights` replaces its own) with the best mean
+    alpha-nDCG@k against the gold nuggets (models/metrics.py, ndeval) on the `split` queries of `pool`,
+    ties toward the smaller weight (the fallback). `weights` must include 0, the pool order itself, so the
+    chosen rule never scores below the fallback on that split. `queries` is a QUERIES table (query_id,
+    split); `coverage` is long-form as in `select_per_query`, the default columns an estimated
+    COVERAGE_MATRIX's."""
     grid = sorted({float(w) for w in weights})
     if 0.0 not in grid or not all(0 <= w <= 1 for w in grid):
         raise ValueError(f"blend weights must lie in [0, 1] and include 0 (the fallback order); got {list(weights)}")
@@ -203,8 +260,7 @@ def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, c
     no_document_judgments = pd.DataFrame({"query_id": [], "doc_id": [], "relevance": []})  # alpha-nDCG reads links
     scores = {}
     for w in grid:
-        run = select_per_query(tune_pool, method, k, coverage, nugget_column, value_column, threshold=threshold,
-                               weight=w)
+        run = select_per_query(tune_pool, replace(selector, weight=w), k, coverage, columns)
         measured = evaluate_run(run, nugget_links, no_document_judgments, k=k, alpha=alpha)
         scores[w] = float(measured.loc[measured["metric"] == metric, "value"].mean())
     best = max(grid, key=lambda w: (scores[w], -w))
@@ -212,24 +268,23 @@ def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, c
                        queries=int(tune_pool["query_id"].nunique()))
 
 
-def select_trusting_estimate(pool: pd.DataFrame, method: str, k: int, coverage: pd.DataFrame, nugget_column: str,
-                             value_column: str, threshold: float, *, dev_auc: float, min_dev_auc: float,
+def select_trusting_estimate(pool: pd.DataFrame, selector: CoverageSelector, k: int, coverage: pd.DataFrame,
+                             columns: CoverageColumns, *, dev_auc: float, min_dev_auc: float,
                              queries: pd.DataFrame, tune_split: str, nugget_links: pd.DataFrame,
                              weights: Sequence[float], alpha: float) -> tuple[pd.DataFrame, dict]:
     """A selection on an estimated coverage matrix that is never worse than its fallback, the pool order:
-    below the estimator gate (`estimator_trusted`) the pool order itself; above it `method` blended with
-    the pool order by the weight chosen on the tune split (`choose_blend_weight`). Returns the run and
-    the decision for metadata: fell_back, estimator_gate, estimator_dev_auc, and blend_weight with its
-    dev evidence (`blend`) when the estimate is followed."""
+    below the estimator gate (`estimator_trusted`) the pool order itself; above it `selector` blended with
+    the pool order by the weight chosen on the tune split (`choose_blend_weight`; it replaces the
+    selector's own). Returns the run and the decision for metadata: fell_back, estimator_gate,
+    estimator_dev_auc, and blend_weight with its dev evidence (`blend`) when the estimate is followed."""
     trust = estimator_trusted(dev_auc, min_dev_auc)
     decision = {"fell_back": not trust.trusted, "estimator_gate": trust.reason, "estimator_dev_auc": float(dev_auc)}
     if not trust.trusted:
-        return select_per_query(pool, "relevance", k), decision
-    choice = choose_blend_weight(pool, queries, tune_split, coverage, nugget_links, weights, k, alpha,
-                                 nugget_column, value_column, method=method, threshold=threshold)
+        return select_per_query(pool, RelevanceSelection(), k), decision
+    choice = choose_blend_weight(pool, queries, tune_split, coverage, nugget_links, weights, k, alpha, selector,
+                                 columns)
     decision.update(blend_weight=choice.weight, blend=choice.evidence())
-    return select_per_query(pool, method, k, coverage, nugget_column=nugget_column, value_column=value_column,
-                            threshold=threshold, weight=choice.weight), decision
+    return select_per_query(pool, replace(selector, weight=choice.weight), k, coverage, columns), decision
 
 
 class Trust(NamedTuple):
@@ -262,35 +317,33 @@ def _ranked_pool(pool: pd.DataFrame) -> pd.DataFrame:
     return pool.sort_values(["query_id", "rank"], kind="stable")
 
 
-def _coverage_by_query(coverage: pd.DataFrame | None, method: str, nugget_column: str,
-                       value_column: str) -> dict[str, pd.DataFrame]:
-    if method == "relevance":
+def _coverage_by_query(coverage: pd.DataFrame | None, selector: KSelector,
+                       columns: CoverageColumns) -> dict[str, pd.DataFrame]:
+    if not isinstance(selector, CoverageSelector):
         return {}
+    expected = ["query_id", "doc_id", columns.nugget, columns.value]
     if coverage is None:
-        raise ValueError(f"method {method!r} needs a coverage table (query_id, doc_id, {nugget_column}, "
-                         f"{value_column})")
-    columns = ["query_id", "doc_id", nugget_column, value_column]
-    missing = [c for c in columns if c not in coverage.columns]
+        raise ValueError(f"{selector!r} needs a coverage table ({', '.join(expected)})")
+    missing = [c for c in expected if c not in coverage.columns]
     if missing:
-        raise ValueError(f"coverage is missing column(s) {missing}; expected columns {columns}")
-    not_numeric = pd.to_numeric(coverage[value_column], errors="coerce").isna().to_numpy()
+        raise ValueError(f"coverage is missing column(s) {missing}; expected columns {expected}")
+    not_numeric = pd.to_numeric(coverage[columns.value], errors="coerce").isna().to_numpy()
     if not_numeric.any():
         first = int(not_numeric.argmax())
-        raise ValueError(f"coverage.{value_column} must be numeric; record {first} has "
-                         f"{coverage[value_column].iloc[first]!r}")
-    duplicated = coverage.duplicated(columns[:3])
+        raise ValueError(f"coverage.{columns.value} must be numeric; record {first} has "
+                         f"{coverage[columns.value].iloc[first]!r}")
+    duplicated = coverage.duplicated(expected[:3])
     if duplicated.any():
-        raise ValueError(f"coverage has duplicate query_id/doc_id/{nugget_column} "
-                         f"{tuple(coverage.loc[duplicated, columns[:3]].iloc[0])}; expected one value per pair")
-    return dict(tuple(coverage[columns].groupby("query_id", sort=False)))
+        raise ValueError(f"coverage has duplicate query_id/doc_id/{columns.nugget} "
+                         f"{tuple(coverage.loc[duplicated, expected[:3]].iloc[0])}; expected one value per pair")
+    return dict(tuple(coverage[expected].groupby("query_id", sort=False)))
 
 
-def _query_matrix(doc_ids: np.ndarray, rows: pd.DataFrame | None, nugget_column: str,
-                  value_column: str) -> np.ndarray:
+def _query_matrix(doc_ids: np.ndarray, rows: pd.DataFrame | None, columns: CoverageColumns) -> np.ndarray:
     """M[d, v] for one query: pool documents in pool order x the query's subquestions; absent pairs are 0."""
     if rows is None:
         return np.zeros((len(doc_ids), 0))
-    wide = rows.pivot(index="doc_id", columns=nugget_column, values=value_column)
+    wide = rows.pivot(index="doc_id", columns=columns.nugget, values=columns.value)
     return wide.reindex(index=doc_ids).fillna(0).to_numpy(dtype=float)
 
 

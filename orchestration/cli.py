@@ -124,6 +124,9 @@ def summarize(result, seconds: float) -> str:
         if "table1" in mat.metadata:
             lines += [f"{mat.asset_key.to_user_string()} [{mat.partition}] (Table 1 layout):",
                       mat.metadata["table1"].value]
+        if "headroom" in mat.metadata:
+            lines += [f"{mat.asset_key.to_user_string()} [{mat.partition}] (method x token budget):",
+                      mat.metadata["summary"].value]
     home = covlab_home()
     lines += [f"stored under {home}: tables in storage/, indexes, weights and report CSVs in artifacts/, the "
               "Dagster instance in dagster/, MLflow in mlflow/, report figures in results/results.db",

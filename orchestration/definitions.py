@@ -8,6 +8,8 @@ from pathlib import Path
 from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
 
 from covlab.assets.answers import answer_report, answers
+from covlab.assets.budgeted import (BUDGETED_SELECTION_ASSETS, comparison_report, item_embeddings, lmvu_ranker,
+                                    token_counts)
 from covlab.assets.checks import ESTIMATOR_CHECKS
 from covlab.assets.coverage import (coverage_biencoder, coverage_estimator, coverage_judgments,
                                     estimated_coverage_matrix, estimated_gold_coverage_matrix, pool_scores,
@@ -31,7 +33,8 @@ from covlab.resources.tracking import TrackingResource
 
 ASSETS = [dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
           coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
-          *SELECTION_ASSETS, coverage_report, answers, answer_report,
+          *SELECTION_ASSETS, coverage_report, item_embeddings, token_counts, lmvu_ranker,
+          *BUDGETED_SELECTION_ASSETS, comparison_report, answers, answer_report,
           *ESTIMATOR_CHECKS]  # checks ride along, so that every materialization of the estimator runs them
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,

@@ -34,7 +34,9 @@ def read_covlab(path: Path, name: str) -> Dataset:
                                        {"title": str, "source_unit": str})
     corpus["title"] = corpus["title"].fillna("")
     corpus["source_unit"] = corpus["source_unit"].fillna(corpus["doc_id"])
-    queries, queries_origin = read_jsonl(path / "queries.jsonl", {"query_id": str, "text": str, "split": str})
+    queries, queries_origin = read_jsonl(path / "queries.jsonl", {"query_id": str, "text": str, "split": str},
+                                         {"topic": str})
+    queries["topic"] = queries["topic"].fillna(queries["query_id"])
     nuggets, nuggets_origin = read_jsonl(path / "nuggets.jsonl", {"query_id": str, "nugget_id": str, "text": str})
     links, links_origin = read_tsv(path / "nugget_links.tsv",
                                    {"query_id": str, "doc_id": str, "nugget_id": str, "grade": int})
@@ -103,6 +105,7 @@ def read_argkp2021(path: Path, name: str) -> Dataset:
         pairs = args[["topic", "stance", "query_id"]].drop_duplicates("query_id")
         queries.append(pd.DataFrame({
             "query_id": pairs["query_id"], "split": split,
+            "topic": [f"{split}-t{topics[t]}" for t in pairs["topic"]],
             "text": [f"{t} ({'arguments for' if s == 1 else 'arguments against'})"
                      for t, s in zip(pairs["topic"], pairs["stance"])]}))
         unknown = ~kps["topic"].isin(topics)

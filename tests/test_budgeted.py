@@ -1,13 +1,15 @@
 """Budgeted selectors (models/budgeted.py; METHODS.md §2 baselines, §3 AdaGReS, §5 MMR and facility location):
 every selection fits its budget, the equivalences that pin the definitions down (MMR at lambda 1 and AdaGReS
-at beta 0 are relevance order; coverage greedy under a k budget is models/selection.py's greedy), and known
-answers computed by hand."""
+at beta 0 are relevance order; coverage greedy under a k budget is models/selection.py's greedy), known
+answers computed by hand, and the batched path (select_batch, the lockstep greedy loop, the fill) giving
+exactly what the per-pool path gives."""
 
 import numpy as np
 import pytest
 
 from covlab.models.budgeted import (MMR, SELECTORS, AdaGReS, Budget, CoverageGreedy, FacilityLocation, Pool,
-                                    RelevanceOrder, Selector, adaptive_beta)
+                                    RelevanceOrder, Selector, _budgeted_greedy, _fill, _greedy_batch, adaptive_beta,
+                                    select_batch)
 from covlab.models.selection import greedy_coverage, soft_greedy_coverage
 
 INSTANCES = 300
@@ -225,3 +227,71 @@ def test_budget_pool_and_selector_refusals():
                                   Budget(k=1))
     with pytest.raises(ValueError, match="lam"):
         MMR(1.5)
+
+
+def test_select_batch_returns_exactly_the_per_pool_selections():
+    """select_batch over batches of pools of different sizes (empty ones too), viewpoint counts, tied
+    relevance, duplicated rows, items that do not fit, 0/1 coverage (one stacked product for the batch) and
+    probabilities (a product per pool), under k and token budgets: what each pool gets alone."""
+    rng = np.random.default_rng(9)
+    for round_ in range(150):
+        pools = [random_pool(rng, int(rng.integers(0, 15)), tied_relevance=bool(rng.integers(2)))
+                 for _ in range(int(rng.integers(1, 7)))]
+        if round_ % 3 == 0:  # 0/1 coverage throughout
+            pools = [Pool(embeddings=p.embeddings, query=p.query, tokens=p.tokens, relevance=p.relevance,
+                          covers=(p.covers > 0.5).astype(float), source_units=p.source_units) for p in pools]
+        budget = random_budget(rng, pools[int(rng.integers(len(pools)))])
+        for select in VARIANTS:
+            expected = [select(pool, budget).tolist() for pool in pools]
+            assert [chosen.tolist() for chosen in select_batch(select, pools, budget)] == expected, select.name
+    assert select_batch(MMR(), [], Budget(k=3)) == []
+
+
+def test_a_batch_row_goes_as_the_greedy_loop_goes_on_it_alone():
+    """_greedy_batch (lockstep rows) against _budgeted_greedy (one pool): state-dependent scores with ties
+    and non-positive values, integer and float costs, with and without stopping at a non-positive score."""
+    rng = np.random.default_rng(10)
+    for _ in range(200):
+        n_pools, n_items = int(rng.integers(1, 6)), int(rng.integers(1, 12))
+        float_costs = bool(rng.integers(2))
+        sizes = rng.integers(0, n_items + 1, n_pools)
+        # Quarters: every sum is exact, whichever order a product adds up in; ties are frequent.
+        base = rng.integers(-4, 5, (n_pools, n_items)) / 4
+        interaction = rng.integers(0, 3, (n_pools, n_items, n_items)) / 4
+        costs = rng.integers(1, 8, (n_pools, n_items)) * (0.5 if float_costs else 1)
+        limit = int(rng.integers(0, 25))
+        stop = bool(rng.integers(2))
+        expected = []
+        for row, size in enumerate(sizes):
+            taken = np.zeros(size)
+            picked, spent = _budgeted_greedy(costs[row, :size], Budget(tokens=limit),
+                                             lambda: base[row, :size] - interaction[row, :size, :size] @ taken,
+                                             lambda best: taken.__setitem__(best, 1.0), stop_at_nonpositive=stop)
+            expected.append((picked.tolist(), spent))
+        taken = np.zeros((n_pools, n_items))
+        available = np.arange(n_items)[None, :] < sizes[:, None]
+
+        def scores(rows):
+            return base - np.einsum("bij,bj->bi", interaction, taken)
+
+        def add(rows, best):
+            taken[rows, best] = 1.0
+
+        chosen, used = _greedy_batch(costs, np.full(n_pools, limit), available, scores, add, stop)
+        assert [(c, u) for c, u in zip(chosen, used.tolist())] == expected
+
+
+def test_fill_is_the_walk_that_adds_every_item_that_still_fits():
+    rng = np.random.default_rng(12)
+    for _ in range(300):
+        n_items = int(rng.integers(0, 15))
+        costs = rng.integers(1, 10, n_items) * (0.25 if rng.integers(2) else 1)
+        budget = Budget(tokens=int(rng.integers(0, 40)))
+        walk = rng.permutation(n_items)[:int(rng.integers(0, n_items + 1))]
+        used = costs[:2].sum() if budget.tokens >= costs[:2].sum() else 0
+        expected, spent = [7], used
+        for item in walk:  # the definition: Budget.fits item by item
+            if budget.fits(spent, costs[item]):
+                expected.append(int(item))
+                spent += costs[item]
+        assert _fill(walk, costs, budget, used, [7]).tolist() == expected

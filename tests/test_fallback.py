@@ -4,6 +4,7 @@ is a coin (uniform random probabilities) and leaves it when the estimator is per
 estimator gate makes the selections fall back, warns in its check and blocks champion promotion."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,8 @@ from covlab.assets.report import promote_if_better
 from covlab.assets.selections import METHODS, _selection
 from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
-from covlab.models.selection import choose_blend_weight, estimator_trusted, select_per_query
+from covlab.models.selection import (ESTIMATED, GreedyCoverage, RelevanceSelection, SoftGreedyCoverage,
+                                     choose_blend_weight, estimator_trusted, select_per_query)
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.tracking import TrackingResource
 
@@ -72,21 +74,20 @@ def mean_alpha_ndcg(run: pd.DataFrame, dataset, split: str) -> float:
     return float(measured.loc[measured["split"] == split, "value"].mean())
 
 
-@pytest.mark.parametrize("method, threshold", [("soft_greedy", 1.0), ("greedy", 0.3)])
+@pytest.mark.parametrize("selector", [SoftGreedyCoverage(), GreedyCoverage(threshold=0.3)], ids=["soft", "hard"])
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
-def test_a_coin_estimator_costs_at_most_the_margin_on_test(longdoc, pools, seed, method, threshold):
+def test_a_coin_estimator_costs_at_most_the_margin_on_test(longdoc, pools, seed, selector):
     estimate = coin_estimate(pools, longdoc.nuggets, seed)
     choice = choose_blend_weight(pools, longdoc.queries, "dev", estimate, longdoc.nugget_links, WEIGHTS, K, ALPHA,
-                                 method=method, threshold=threshold)
-    fallback = select_per_query(pools, "relevance", K)
+                                 selector)
+    fallback = select_per_query(pools, RelevanceSelection(), K)
     assert choice.fallback_score == pytest.approx(mean_alpha_ndcg(fallback, longdoc, "dev"))
     assert choice.scores[choice.weight] >= choice.fallback_score  # by construction, on dev
-    blended = select_per_query(pools, method, K, estimate, "subq_id", "probability", threshold=threshold,
-                               weight=choice.weight)
-    unblended = select_per_query(pools, method, K, estimate, "subq_id", "probability", threshold=threshold)
+    blended = select_per_query(pools, replace(selector, weight=choice.weight), K, estimate, ESTIMATED)
+    unblended = select_per_query(pools, selector, K, estimate, ESTIMATED)
     test_fallback, test_blended = mean_alpha_ndcg(fallback, longdoc, "test"), mean_alpha_ndcg(blended, longdoc, "test")
     assert test_blended >= test_fallback - MARGIN, (choice.evidence(), test_blended, test_fallback)
-    if method == "soft_greedy":  # what the blend guards against (hard greedy at tau 0.3 counts 70% of coin
+    if selector == SoftGreedyCoverage():  # what the blend guards against (hard greedy at tau 0.3 counts 70% of coin
         # flips as covered, so unblended it stays near the pool order on this set)
         assert mean_alpha_ndcg(unblended, longdoc, "test") < test_fallback - MARGIN
 
@@ -112,7 +113,7 @@ def test_selections_on_an_untrusted_estimator_fall_back_to_the_pool_order(longdo
     evaluation = EvaluationResource()
     out = _selection(spec, **asset_inputs, evaluation=evaluation, coverage=coin_estimate(pools, longdoc.nuggets, 0),
                      coverage_estimator={"dev_auc": 0.545}, nugget_links=longdoc.nugget_links)
-    assert out.value.equals(select_per_query(pools, "relevance", K))
+    assert out.value.equals(select_per_query(pools, RelevanceSelection(), K))
     assert out.metadata["fell_back"].value is True and "0.5450 < 0.6500" in out.metadata["estimator_gate"].value
     assert "blend" not in out.metadata
 
@@ -125,8 +126,8 @@ def test_a_trusted_estimator_is_followed_with_the_blend_chosen_on_dev(longdoc, p
     choice = choose_blend_weight(pools, longdoc.queries, "dev", estimate, longdoc.nugget_links, WEIGHTS, K, ALPHA)
     assert out.metadata["fell_back"].value is False and out.metadata["blend_weight"].value == choice.weight
     assert json.dumps(out.metadata["blend"].value) == json.dumps(choice.evidence())
-    assert out.value.equals(select_per_query(pools, "soft_greedy", K, estimate, "subq_id", "probability",
-                                             weight=choice.weight))
+    assert out.value.equals(select_per_query(pools, SoftGreedyCoverage(weight=choice.weight), K, estimate,
+                                             ESTIMATED))
 
 
 def test_the_estimator_check_warns_below_the_threshold_and_passes_above():

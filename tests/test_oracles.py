@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from covlab.models.budgeted import SELECTORS, Budget, Pool
-from covlab.models.oracles import RVC2_MAX_STATES, rvc1_oracle, rvc2_oracle
-from covlab.models.viewpoints import iou, redundancy, rvc1, rvc2, tokens_used
+from covlab.models.oracles import (RVC2_MAX_STATES, _bitmasks, _options, _undominated, _useful_options, rvc1_oracle,
+                                   rvc2_oracle)
+from covlab.models.viewpoints import iou, redundancy, rvc1, rvc2, tokens_used, unit_codes
 
 INSTANCES = 300
 
@@ -135,3 +136,133 @@ def test_viewpoint_measures_by_hand():
     assert tokens_used(np.array([3, 4, 5]), [0, 2]) == 8
     with pytest.raises(ValueError, match="distinct"):
         rvc1(covers, [0, 0])
+
+
+def cheapest_best(covers: np.ndarray, tokens: np.ndarray, units: np.ndarray, budget: int):
+    """By brute force over every subset within `budget`: (best RVC1, its fewest tokens), (best RVC2, ...)."""
+    n_items = len(tokens)
+    subsets = ((np.arange(2 ** n_items)[:, None] >> np.arange(n_items)) & 1).astype(int)
+    spent = subsets @ tokens
+    feasible = spent <= budget
+    covers = covers.astype(int)
+    first = ((subsets @ covers) > 0).sum(axis=1)  # covered viewpoints
+    supporting = sum((subsets[:, units == u] @ covers[units == u]) > 0 for u in np.unique(units))
+    second = np.minimum(supporting, 2).sum(axis=1)  # halves
+    answers = []
+    for score, scale in ((first, covers.shape[1]), (second, 2 * covers.shape[1])):
+        best = score[feasible].max()
+        answers.append((best / scale, int(spent[feasible & (score == best)].min())))
+    return answers
+
+
+def dominated_instance(rng: np.random.Generator):
+    """n <= 12 items drawn from a few base coverage rows (duplicates, subsets of a row, items covering
+    nothing), few distinct token costs (ties), source units of one to three items."""
+    n_items, n_viewpoints = int(rng.integers(1, 13)), int(rng.integers(1, 6))
+    base = rng.random((int(rng.integers(1, 4)), n_viewpoints)) < 0.6
+    covers = base[rng.integers(0, len(base), n_items)] & (rng.random((n_items, n_viewpoints)) < 0.8)
+    tokens = rng.choice([1, 2, 2, 3, 5], n_items)
+    units = rng.integers(0, max(1, n_items // int(rng.integers(1, 4))), n_items)
+    return covers, tokens, units, int(rng.integers(0, tokens.sum() + 2))
+
+
+def test_pruned_dps_equal_brute_force_on_duplicated_and_dominated_items():
+    """The DPs drop dominated items (RVC1) and options two other source units make redundant (RVC2); on
+    instances made mostly of such items the value and its fewest tokens stay those of brute force, and the
+    items returned reach that value within budget."""
+    rng = np.random.default_rng(7)
+    for _ in range(600):
+        covers, tokens, units, budget = dominated_instance(rng)
+        (best_rvc1, tokens_rvc1), (best_rvc2, tokens_rvc2) = cheapest_best(covers, tokens, units, budget)
+        first = rvc1_oracle(covers, tokens, budget)
+        second = rvc2_oracle(covers, tokens, units, budget)
+        assert (first.value, first.tokens) == (pytest.approx(best_rvc1), tokens_rvc1)
+        assert (second.value, second.tokens) == (pytest.approx(best_rvc2), tokens_rvc2)
+        for result, achieved in ((first, rvc1(covers, first.items)), (second, rvc2(covers, units, second.items))):
+            assert achieved == pytest.approx(result.value)
+            assert result.tokens == tokens_used(tokens, result.items) <= budget
+            assert len(np.unique(result.items)) == len(result.items)
+            assert result.items.tolist() == sorted(result.items.tolist())
+
+
+def test_dominated_items_by_hand_both_ways():
+    # Viewpoints {0, 1, 2}, B = 10. Item 1 covers {0, 1} for 5 tokens: it dominates item 0 ({0}, 5 tokens) and
+    # its duplicate item 2 (higher index). Item 4 ({2}, 2 tokens) dominates item 3 ({2}, 3 tokens). Item 5
+    # covers nothing; item 6 covers everything but costs 20 > B. Item 7 ({1}, 4 tokens) is cheaper than
+    # anything containing {1}, so it stays.
+    covers = np.array([[1, 0, 0], [1, 1, 0], [1, 1, 0], [0, 0, 1], [0, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]])
+    tokens = np.array([5, 5, 5, 3, 2, 1, 20, 4])
+    masks = _bitmasks(covers.astype(bool))
+    assert _undominated(masks, tokens, 10, 3).tolist() == [1, 4, 7]
+    # The superset-minimum path (taken above 8 viewpoints) agrees with the pairwise one.
+    assert _undominated(masks, tokens, 10, 9).tolist() == [1, 4, 7]
+    result = rvc1_oracle(covers, tokens, 10)
+    assert (result.value, result.items.tolist(), result.tokens) == (1.0, [1, 4], 7)
+
+
+def test_redundant_source_units_by_hand():
+    # Four single-item units cover viewpoint 0 for 1, 2, 2 and 3 tokens: the last two are dropped (two other
+    # units cover it no later in (tokens, index) order), the first two stay. Unit "e" has two items, {0} and
+    # {1}: its options ({0}, {1}, {0, 1}) do not all cover {0}, so it never makes another unit redundant,
+    # and none of its options is dropped, the single-item units covering {1} not existing.
+    covers = np.array([[1, 0], [1, 0], [1, 0], [1, 0], [1, 0], [0, 1]], dtype=bool)
+    tokens = np.array([1, 2, 2, 3, 1, 1])
+    units = np.array(["a", "b", "c", "d", "e", "e"])
+    masks, costs, option_units, items = _options(_bitmasks(covers), tokens, unit_codes(units, 6), 10, 2)
+    kept = _useful_options(masks, costs, option_units)
+    assert [(units[items(o)[0]], int(masks[o])) for o in kept] == [("a", 1), ("b", 1), ("e", 1), ("e", 2), ("e", 3)]
+    # B = 3: unit a (1) + unit e's {0, 1} (2 tokens): viewpoint 0 gets two units, viewpoint 1 one: 3/4.
+    result = rvc2_oracle(covers, tokens, units, 3)
+    assert (result.value, result.tokens) == (0.75, 3)
+
+
+def reference_dps(covers: np.ndarray, tokens: np.ndarray, units: np.ndarray, budget: int):
+    """METHODS.md §2's DPs as written, in plain Python, without pruning: (RVC1 value, tokens), (RVC2 ...)."""
+    n_viewpoints = covers.shape[1]
+    masks = [sum(1 << v for v in range(n_viewpoints) if row[v]) for row in covers]
+    cost = {0: 0}
+    for mask, spend in zip(masks, tokens.tolist()):
+        for state, c in list(cost.items()):
+            if c + spend <= budget and c + spend < cost.get(state | mask, budget + 1):
+                cost[state | mask] = c + spend
+    first = min((-bin(s).count("1"), c) for s, c in cost.items())
+    count = {(0,) * n_viewpoints: 0}
+    for unit in np.unique(units):
+        options = {0: 0}
+        for item in np.flatnonzero(units == unit):
+            for covered, spent in list(options.items()):
+                total = spent + int(tokens[item])
+                if total <= budget and total < options.get(covered | masks[item], budget + 1):
+                    options[covered | masks[item]] = total
+        improved = dict(count)
+        for state, c in count.items():
+            for mask, spend in options.items():
+                if mask and c + spend <= budget:
+                    target = tuple(min(d + (mask >> v & 1), 2) for v, d in enumerate(state))
+                    if c + spend < improved.get(target, budget + 1):
+                        improved[target] = c + spend
+        count = improved
+    second = min((-sum(s), c) for s, c in count.items())
+    return (-first[0] / n_viewpoints, first[1]), (-second[0] / (2 * n_viewpoints), second[1])
+
+
+def test_pruned_dps_equal_the_unpruned_dps_on_larger_inventories():
+    """Beyond brute force: up to 80 items, up to 11 viewpoints for RVC1 (the superset-minimum pruning path
+    above 8) and 6 for RVC2, units of up to three items, against the unpruned DPs."""
+    rng = np.random.default_rng(8)
+    for _ in range(40):
+        n_items, n_viewpoints = int(rng.integers(20, 81)), int(rng.integers(2, 12))
+        base = rng.random((int(rng.integers(2, 12)), n_viewpoints)) < 0.4
+        covers = base[rng.integers(0, len(base), n_items)] & (rng.random((n_items, n_viewpoints)) < 0.85)
+        tokens = rng.integers(1, 30, n_items)
+        units = rng.integers(0, n_items // int(rng.integers(1, 4)), n_items)
+        budget = int(rng.integers(0, 150))
+        expected_first, expected_second = reference_dps(covers, tokens, units, budget)
+        first = rvc1_oracle(covers, tokens, budget)
+        assert (first.value, first.tokens) == expected_first
+        assert rvc1(covers, first.items) == first.value and tokens_used(tokens, first.items) == first.tokens
+        if n_viewpoints <= 6:
+            second = rvc2_oracle(covers, tokens, units, budget)
+            assert (second.value, second.tokens) == expected_second
+            assert rvc2(covers, units, second.items) == second.value
+            assert tokens_used(tokens, second.items) == second.tokens

@@ -25,6 +25,8 @@ def tiny_config(model: str) -> dict:
                                           "negatives_per_positive": 1.0}},
         "coverage_biencoder": {"config": {"base_model": model, "max_length": 96}},
         "pool_scores": {"config": {"relevance_model": model, "max_length": 96}},
+        "item_embeddings": {"config": {"model": model, "max_length": 96}},
+        "lmvu_ranker": {"config": {"states_per_query": 4}},
     }}
 
 
@@ -71,6 +73,36 @@ def test_every_selection_has_k_documents_from_the_pool(built):
         assert (selection.groupby("query_id").size() == 10).all(), name
         assert set(map(tuple, selection[["query_id", "doc_id"]].values)) <= pool_pairs, name
         assert not selection.duplicated(["query_id", "doc_id"]).any(), name
+
+
+@pytest.mark.slow
+def test_budgeted_comparison_on_demo_fits_every_budget_and_reports_every_method(built):
+    """Every budgeted method at the demo's default budgets: selections within budget, the exact oracles
+    never beaten, the report's tables in metadata, per-query figures in the results store with their budget,
+    the LMVU ranker registered with its coefficients."""
+    from covlab.models.comparison import BUDGETED_METHODS, SHORT_ITEM_BUDGETS
+
+    home, result = built["home"], built["result"]
+    tokens = _stored(home, "token_counts").set_index("doc_id")["tokens"]
+    assert tokens.median() <= 64  # demo items are short: the short-item budgets apply
+    for method in BUDGETED_METHODS:
+        selection = _stored(home, f"budgeted_{method.name}")
+        assert set(selection["budget"]) <= set(SHORT_ITEM_BUDGETS), method.name
+        spent = selection.assign(tokens=selection["doc_id"].map(tokens)).groupby(["query_id", "budget"])["tokens"]
+        assert (spent.sum() <= spent.sum().index.get_level_values("budget")).all(), method.name
+    figures = _stored(home, "comparison_report")
+    rvc1 = figures[figures["metric"] == "rvc1"].pivot_table(index=["budget", "query_id"], columns="method",
+                                                            values="value")
+    assert set(rvc1.columns) == {m.name for m in BUDGETED_METHODS}
+    assert rvc1.drop(columns="oracle_rvc1").le(rvc1["oracle_rvc1"] + 1e-12, axis=0).all().all()
+    event = result.asset_materializations_for_node("comparison_report")[0]
+    assert "lmvu" in event.metadata["summary"].value and "rvc2_headroom" in event.metadata["headroom"].value
+    assert "| ('lmvu', 'mmr'," in event.metadata["paired"].value
+    stored = default_resources(home)["results"].figures(dataset="demo", method="lmvu", metric="rvc1", budget=128)
+    assert len(stored) and set(stored["budget"]) == {128}
+    ranker = result.asset_materializations_for_node("lmvu_ranker")[0].metadata
+    assert len(ranker["coefficients"].value) == 18 and 0 <= ranker["dev_pairwise_accuracy"].value <= 1
+    assert default_resources(home)["tracking"].versions("covlab.demo.lmvu_ranker")
 
 
 @pytest.mark.slow
@@ -141,14 +173,14 @@ def test_a_near_chance_estimator_warns_and_every_selection_on_it_keeps_the_fallb
 def test_nightly_reruns_only_the_report_when_nothing_changed_then_only_a_changed_selector(built):
     instance = built["instance"]
     graph = Definitions(assets=ASSETS, resources=default_resources(built["home"])).resolve_asset_graph()
-    assert evaluation_selection(instance, graph, "demo") == [AssetKey("coverage_report")]
+    reports = [AssetKey("comparison_report"), AssetKey("coverage_report")]
+    assert evaluation_selection(instance, graph, "demo") == reports
     from covlab.assets.selections import METHODS, selection_asset
 
     changed = [a for a in ASSETS if AssetKey("selection_oracle_greedy") not in a.keys]
     changed.append(selection_asset(next(m for m in METHODS if m.name == "oracle_greedy"), code_version="2"))
     graph = Definitions(assets=changed, resources=default_resources(built["home"])).resolve_asset_graph()
-    assert evaluation_selection(instance, graph, "demo") == [AssetKey("coverage_report"),
-                                                             AssetKey("selection_oracle_greedy")]
+    assert evaluation_selection(instance, graph, "demo") == [*reports, AssetKey("selection_oracle_greedy")]
 
 
 @pytest.mark.slow
@@ -163,7 +195,7 @@ def test_candidate_sensor_requests_an_evaluation_once_per_new_candidate(built):
                                    resources={"tracking": default_resources(built["home"])["tracking"]})
     requests = sensor(context)
     assert [r.partition_key for r in requests] == ["demo"]
-    assert requests[0].asset_selection == [AssetKey("coverage_report")]
+    assert requests[0].asset_selection == [AssetKey("comparison_report"), AssetKey("coverage_report")]
     assert "covlab.demo.coverage_estimator v1" in requests[0].tags["covlab/candidates"]
     again = build_sensor_context(instance=built["instance"], definitions=defs, cursor=context.cursor,
                                  resources={"tracking": default_resources(built["home"])["tracking"]})

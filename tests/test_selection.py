@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from covlab.models.pools import rank_within_queries
-from covlab.models.selection import (SELECTIONS, blended_soft_greedy, choose_blend_weight, coverage_curve,
+from covlab.models.selection import (GOLD, SELECTIONS, CoverageColumns, GreedyCoverage, RelevanceSelection,
+                                     SoftGreedyCoverage, blended_soft_greedy, choose_blend_weight, coverage_curve,
                                      estimator_trusted, greedy_coverage, relevance_order, select_per_query,
                                      soft_greedy_coverage)
 
@@ -273,8 +274,8 @@ def demo_pools(demo_dataset):
 
 def test_select_per_query_matches_the_array_selectors(demo_dataset, demo_pools):
     links = demo_dataset.nugget_links
-    for method in ("relevance", "greedy", "soft_greedy"):
-        run = select_per_query(demo_pools, method, 10, links)
+    for selector in (RelevanceSelection(), GreedyCoverage(threshold=1.0), SoftGreedyCoverage()):
+        run = select_per_query(demo_pools, selector, 10, links, GOLD)
         assert list(run.columns) == list(SELECTIONS.columns)
         assert set(run["query_id"]) == set(demo_pools["query_id"])
         for query_id, selected in run.groupby("query_id"):
@@ -285,10 +286,10 @@ def test_select_per_query_matches_the_array_selectors(demo_dataset, demo_pools):
             covered = {(d, n) for d, n in links.loc[links["query_id"] == query_id, ["doc_id", "nugget_id"]]
                        .itertuples(index=False)}
             covers = np.array([[(d, n) in covered for n in nuggets] for d in doc_ids])
-            expected = (relevance_order(-pool["rank"].to_numpy(float), 10) if method == "relevance"
+            expected = (relevance_order(-pool["rank"].to_numpy(float), 10) if selector == RelevanceSelection()
                         else greedy_coverage(covers, -pool["rank"].to_numpy(float), 10))
             assert selected["doc_id"].tolist() == [doc_ids[i] for i in expected]
-            if method != "relevance":  # every demo nugget has a covering document and there are <= 10
+            if selector != RelevanceSelection():  # every demo nugget has a covering document and there are <= 10
                 assert coverage_curve(covers, expected)[-1] == len(nuggets)
 
 
@@ -298,12 +299,11 @@ def test_select_per_query_thresholds_and_missing_coverage():
     coverage = pd.DataFrame({"query_id": ["q1"] * 4, "doc_id": ["a", "b", "c", "c"],
                              "subquestion_id": ["s1", "s1", "s2", "s1"],
                              "probability": [0.2, 0.35, 0.9, 0.9]})
-    run = select_per_query(pool, "greedy", 2, coverage, nugget_column="subquestion_id",
-                           value_column="probability", threshold=0.3)
+    columns = CoverageColumns(nugget="subquestion_id", value="probability")
+    run = select_per_query(pool, GreedyCoverage(threshold=0.3), 2, coverage, columns)
     # q1: c covers s1 and s2 at tau = 0.3; then nothing new -> fill by rank (a). q2 has no rows: by rank.
     assert run.values.tolist() == [["q1", 1, "c"], ["q1", 2, "a"], ["q2", 1, "x"], ["q2", 2, "y"]]
-    soft = select_per_query(pool, "soft_greedy", 3, coverage, nugget_column="subquestion_id",
-                            value_column="probability")
+    soft = select_per_query(pool, SoftGreedyCoverage(), 3, coverage, columns)
     # c first (1.8); then open (0.1, 0.1): a 0.2*0.1 = 0.02 < b 0.35*0.1 = 0.035 -> b, a.
     assert soft.loc[soft["query_id"] == "q1", "doc_id"].tolist() == ["c", "b", "a"]
 
@@ -311,12 +311,15 @@ def test_select_per_query_thresholds_and_missing_coverage():
 def test_select_per_query_names_bad_input():
     pool = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "b"], "rank": [1, 1], "score": [1.0, 1.0]})
     with pytest.raises(ValueError, match="duplicate query_id/rank"):
-        select_per_query(pool, "relevance", 1)
+        select_per_query(pool, RelevanceSelection(), 1)
     pool["rank"] = [1, 2]
-    with pytest.raises(ValueError, match="unknown selection method 'mmr'"):
-        select_per_query(pool, "mmr", 1)
-    with pytest.raises(ValueError, match="needs a coverage table"):
+    with pytest.raises(TypeError, match="expected a selector .* got 'greedy'"):
         select_per_query(pool, "greedy", 1)
+    with pytest.raises(ValueError, match=r"GreedyCoverage\(threshold=1.0, weight=1.0\) needs a coverage table "
+                                         r"\(query_id, doc_id, nugget_id, grade\)"):
+        select_per_query(pool, GreedyCoverage(threshold=1.0), 1)
     links = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "a"], "nugget_id": ["n", "n"], "grade": [1, 1]})
     with pytest.raises(ValueError, match="duplicate query_id/doc_id/nugget_id"):
-        select_per_query(pool, "greedy", 1, links)
+        select_per_query(pool, GreedyCoverage(threshold=1.0), 1, links)
+    with pytest.raises(ValueError, match=r"weight must lie in \[0, 1\]"):
+        SoftGreedyCoverage(weight=1.5)

@@ -1,0 +1,244 @@
+"""The token-budgeted comparison (METHODS.md §2, §3, §5): item embeddings and token counts of the pools, the
+LMVU ranker, one selection asset per method at every token budget, and the comparison report (method x
+budget x metric, oracle headroom, paired statistics). Every family selects from the same BM25 pools.
+Budgets and protocol come from the evaluation resource, so selections and report cannot disagree."""
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, MetadataValue, Output, asset
+from pydantic import Field
+
+from covlab.assets.model_registry import load_registered_model, register_trained_model
+from covlab.assets.partitions import DATASETS
+from covlab.models.comparison import (BUDGETED_METHODS, BudgetedMethod, compare, cross_validated_lmvu,
+                                      embed_items, evaluated_query_ids, fit_lmvu, labelled_pools, markdown, method_protocols,
+                                      pool_token_counts, query_pools, resolve_budgets, run_method, topic_folds)
+from covlab.models.budgeted import Budget
+from covlab.models.coverage import document_texts, load_first_stage, queries_of
+from covlab.models.encoders import default_base_model
+from covlab.models.lmvu import LMVU, LMVURanker, heldout_top1_accuracy
+from covlab.models.selection import estimator_trusted
+from covlab.models.tokens import TokenCounter
+from covlab.orchestration.lineage import REPORT_ID, audit_inputs, render_markdown
+from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
+from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.io_manager import atomic_write
+from covlab.resources.results_store import ReportRecord, ResultsStore
+from covlab.resources.tracking import TrackingResource
+
+GROUP = "budgeted"
+RANKER_FILE = "lmvu_ranker.json"
+COMPARISON_CODE_VERSION = "1"
+# What every budgeted selection reads: the pools and what the selectors see of them.
+POOL_INPUTS = ("bm25_pools", "queries", "corpus", "item_embeddings", "token_counts")
+ESTIMATED_MATRIX = {"estimated": "estimated_coverage_matrix", "estimated_gold": "estimated_gold_coverage_matrix"}
+
+
+class EmbeddingConfig(Config):
+    model: str = Field("", description="the bi-encoder every budgeted selector's similarities come from (HF path "
+                                       "or name; empty: packaged MiniLM)")
+    batch_size: int = Field(64, description="texts per encoder batch")
+    max_length: int = Field(256, description="tokens per text")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@reports_peak_rss
+def item_embeddings(context: AssetExecutionContext, config: EmbeddingConfig, bm25_pools: pd.DataFrame,
+                    queries: pd.DataFrame, corpus: pd.DataFrame, device: DeviceResource) -> Output[pd.DataFrame]:
+    """Unit embeddings of every pooled query and document (all splits: LMVU trains on train) and of the
+    sentences of multi-sentence documents (LMVU's atoms): (kind, item_id, atom, vector)."""
+    context.log.info(device.describe())
+    embed = load_first_stage(config.model or default_base_model(), batch_size=config.batch_size,
+                             max_length=config.max_length, device=device.torch_device(),
+                             autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+    table = embed_items(bm25_pools, queries, document_texts(corpus), embed)
+    return Output(table, metadata={"rows": len(table), **table["kind"].value_counts().to_dict(),
+                                   "dimension": len(table["vector"].iloc[0]) if len(table) else 0,
+                                   "config": MetadataValue.json(config.model_dump())})
+
+
+class TokenConfig(Config):
+    tokenizer: str = Field("", description="Hugging Face tokenizer that counts t(d) (empty: packaged MiniLM's)")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1")
+def token_counts(config: TokenConfig, bm25_pools: pd.DataFrame, corpus: pd.DataFrame) -> Output[pd.DataFrame]:
+    """t(d), the token cost of every pooled document (METHODS.md §2 count_tokens: no special tokens, never
+    truncated): (doc_id, tokens)."""
+    table = pool_token_counts(bm25_pools, document_texts(corpus), TokenCounter(config.tokenizer).count)
+    return Output(table, metadata={"documents": len(table), "median_tokens": float(table["tokens"].median()),
+                                   "mean_tokens": float(table["tokens"].mean()), "max_tokens": int(table["tokens"].max()),
+                                   "default_budgets": MetadataValue.json(list(resolve_budgets([], table))),
+                                   "config": MetadataValue.json(config.model_dump())})
+
+
+class LMVUConfig(Config):
+    states_per_query: int = Field(8, description="sampled selection states per training query and budget")
+    max_pairs_per_state: int = Field(10, description="candidate pairs of unequal true gain drawn per state")
+    regularization: list[float] = Field([0.1, 1.0, 10.0], description="logistic regression C values; the one "
+                                                                       "with the best dev pairwise accuracy is kept")
+    seed: int = Field(0, description="seed of state and pair sampling")
+
+
+def _lmvu_settings(settings: dict) -> dict:
+    return {"Cs": tuple(settings["regularization"]), "states_per_query": settings["states_per_query"],
+            "max_pairs_per_state": settings["max_pairs_per_state"], "seed": settings["seed"]}
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1")
+def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: pd.DataFrame,
+                queries: pd.DataFrame, corpus: pd.DataFrame, item_embeddings: pd.DataFrame,
+                token_counts: pd.DataFrame, nuggets: pd.DataFrame, nugget_links: pd.DataFrame,
+                evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
+    """The LMVU ranker (METHODS.md §2) trained pairwise on sampled states of the train queries, C chosen on
+    the tune split; registered in MLflow as covlab.<dataset>.lmvu_ranker. Under grouped_cv the comparison
+    refits it per fold with these settings."""
+    budgets = resolve_budgets(evaluation.token_budgets, token_counts)
+    ids = queries_of(queries, ["train", evaluation.tune_split])["query_id"]
+    pools = query_pools(bm25_pools, queries, item_embeddings, token_counts, corpus, ids, nuggets, nugget_links)
+    split = {name: labelled_pools(pools, [q for q, p in pools.items() if p.split == name])
+             for name in ("train", evaluation.tune_split)}
+    trained = fit_lmvu(budgets, **_lmvu_settings(config.model_dump()))(split["train"], split[evaluation.tune_split])
+    top1, chance = heldout_top1_accuracy(trained.ranker, split[evaluation.tune_split],
+                                         [Budget(tokens=b) for b in budgets], states_per_query=config.states_per_query,
+                                         seed=config.seed)
+    evidence = {"chosen_C": trained.C, "dev_pairwise_accuracy": trained.dev_accuracy,
+                "pairs": {"train": trained.train_pairs, "dev": trained.dev_pairs},
+                "dev_top1_accuracy": top1, "dev_top1_chance": chance}
+    with tempfile.TemporaryDirectory() as work:
+        (Path(work) / RANKER_FILE).write_text(json.dumps(trained.ranker.to_dict(), indent=2))
+        model = register_trained_model(context, tracking, artifacts, "lmvu_ranker", work,
+                                       params={**config.model_dump(), "budgets": list(budgets)},
+                                       metrics={"dev_pairwise_accuracy": trained.dev_accuracy[trained.C],
+                                                "dev_top1": top1, "chosen_C": trained.C})
+    return Output({**model, "settings": config.model_dump()}, metadata={
+        "coefficients": MetadataValue.json(trained.coefficients()),
+        "dev_pairwise_accuracy": trained.dev_accuracy[trained.C], "evidence": MetadataValue.json(evidence),
+        "budgets": MetadataValue.json(list(budgets)), "model_uri": model["uri"],
+        "config": MetadataValue.json(config.model_dump())})
+
+
+def _query_pools(inputs: dict, ids, with_gold: bool):
+    gold = {"nuggets": inputs["nuggets"], "nugget_links": inputs["nugget_links"]} if with_gold else {}
+    return query_pools(inputs["bm25_pools"], inputs["queries"], inputs["item_embeddings"], inputs["token_counts"],
+                       inputs["corpus"], ids, **gold)
+
+
+def _pools(inputs: dict, evaluation: EvaluationResource, with_gold: bool):
+    """The budgets and the QueryPools of the queries this protocol selects for."""
+    budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
+    ids = evaluated_query_ids(inputs["queries"], inputs["bm25_pools"], evaluation.protocol, evaluation.splits)
+    return budgets, _query_pools(inputs, ids, with_gold)
+
+
+def _selection_output(table: pd.DataFrame, budgets, evaluation: EvaluationResource, details: dict,
+                      started: float) -> Output[pd.DataFrame]:
+    return Output(table, metadata={"queries": int(table["query_id"].nunique()), "rows": len(table),
+                                   "budgets": MetadataValue.json(list(budgets)), "protocol": evaluation.protocol,
+                                   "seconds": round(time.perf_counter() - started, 3),
+                                   "details": MetadataValue.json(details),
+                                   "settings": MetadataValue.json(evaluation.model_dump())})
+
+
+def budgeted_selection_asset(method: BudgetedMethod):
+    """The selection asset of one method: the pools, plus the gold links for the gold-label methods, the
+    estimated matrix and the estimator (its gate) for the methods on estimates, and the ranker for LMVU."""
+    with_gold = method.covers == "gold" or method.trained
+    ins = {name: AssetIn() for name in POOL_INPUTS}
+    if with_gold:
+        ins |= {"nuggets": AssetIn(), "nugget_links": AssetIn()}
+    if method.covers in ESTIMATED_MATRIX:
+        ins |= {"coverage": AssetIn(key=AssetKey(ESTIMATED_MATRIX[method.covers])), "coverage_estimator": AssetIn()}
+    common = dict(name=f"budgeted_{method.name}", ins=ins, partitions_def=DATASETS, group_name=GROUP,
+                  code_version="1", description=f"Budgeted selection: {method.description}; at every token budget "
+                                                "(query_id, budget, rank, doc_id).")
+    if not method.trained:
+        @asset(**common)
+        def selection(evaluation: EvaluationResource, **inputs) -> Output[pd.DataFrame]:
+            started = time.perf_counter()
+            budgets, pools = _pools(inputs, evaluation, with_gold)
+            estimator = inputs.get("coverage_estimator")
+            trust = estimator_trusted(estimator["dev_auc"], evaluation.min_estimator_dev_auc) if estimator else None
+            table, details = run_method(method, pools, budgets, mmr_lambda=evaluation.mmr_lambda, tau=evaluation.tau,
+                                        coverage=inputs.get("coverage"), trust=trust)
+            return _selection_output(table, budgets, evaluation, details, started)
+
+        return selection
+
+    @asset(**{**common, "ins": {**ins, "lmvu_ranker": AssetIn()}})
+    def trained(evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore,
+                **inputs) -> Output[pd.DataFrame]:
+        started = time.perf_counter()
+        budgets, pools = _pools(inputs, evaluation, with_gold)
+        ranker_value = inputs["lmvu_ranker"]
+        if evaluation.protocol == "grouped_cv":
+            folds = topic_folds(inputs["queries"][inputs["queries"]["query_id"].isin(set(pools))],
+                                evaluation.cv_folds, evaluation.cv_seed)
+            table, rankers = cross_validated_lmvu(pools, folds, budgets,
+                                                  fit_lmvu(budgets, **_lmvu_settings(ranker_value["settings"])))
+            details = {"folds": [{"fold": r.fold, "train_queries": len(r.train), "dev_queries": len(r.dev),
+                                  "C": r.trained.C, "dev_pairwise_accuracy": r.trained.dev_accuracy[r.trained.C]}
+                                 for r in rankers]}
+        else:
+            path = Path(load_registered_model(ranker_value, tracking, artifacts)) / RANKER_FILE
+            table, details = run_method(method, pools, budgets, mmr_lambda=evaluation.mmr_lambda, tau=evaluation.tau,
+                                        ranker=LMVU(LMVURanker.from_dict(json.loads(path.read_text()))))
+            details = {**details, "model_uri": ranker_value["uri"]}
+        return _selection_output(table, budgets, evaluation, details, started)
+
+    return trained
+
+
+BUDGETED_SELECTION_ASSETS = [budgeted_selection_asset(method) for method in BUDGETED_METHODS]
+
+
+class ComparisonConfig(Config):
+    baseline: str = Field("relevance", description="method every other is compared with (paired statistics); "
+                                                   "LMVU is also compared with MMR")
+    seed: int = Field(0, description="bootstrap seed")
+
+
+@asset(partitions_def=DATASETS, group_name="reports", code_version=COMPARISON_CODE_VERSION,
+       ins={f"budgeted_{m.name}": AssetIn() for m in BUDGETED_METHODS}
+       | {name: AssetIn() for name in (*POOL_INPUTS, "nuggets", "nugget_links")})
+def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, evaluation: EvaluationResource,
+                      results: ResultsStore, artifacts: ArtifactStore, **inputs) -> Output[pd.DataFrame]:
+    """Every budgeted method at every token budget on the reported queries (split: report_split; grouped_cv:
+    every pooled query, once): RVC1, RVC2, alpha-nDCG@10, StRecall@10, tokens, IOU and redundancy per
+    (method, budget), headroom under the exact oracles, paired statistics of every method against the
+    baseline and of LMVU against MMR; per-query figures to the results store, tables to CSV artifacts."""
+    started = time.perf_counter()
+    report_ids = evaluated_query_ids(inputs["queries"], inputs["bm25_pools"], evaluation.protocol,
+                                     [evaluation.report_split])
+    budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
+    pools = _query_pools(inputs, report_ids, with_gold=True)
+    selections = {m.name: inputs[f"budgeted_{m.name}"] for m in BUDGETED_METHODS}
+    result = compare(selections, pools, inputs["nugget_links"], alpha=evaluation.alpha, baseline=config.baseline,
+                     seed=config.seed)
+    protocols = method_protocols(evaluation.protocol, evaluation.splits, evaluation.tune_split)
+    folder = artifacts.directory("comparison_report", context.partition_key, context.run_id)
+    for name, frame in (("summary.csv", result.summary), ("headroom.csv", result.headroom),
+                        ("paired.csv", result.paired), ("per_query.csv", result.figures)):
+        atomic_write(folder / name, lambda tmp, f=frame: f.to_csv(tmp))
+    aggregates = result.figures.groupby(["method", "budget", "split", "metric"], as_index=False)["value"].mean()
+    stored = results.write_report(ReportRecord(
+        dataset=context.partition_key, report_asset="comparison_report", partition=context.partition_key,
+        run_id=context.run_id, code_version=COMPARISON_CODE_VERSION, data_version=None,
+        config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
+        pd.concat([result.figures, aggregates.assign(query_id=None)], ignore_index=True).assign(
+            dataset=context.partition_key, k=None))
+    lineage = audit_inputs(context.instance, sorted(context.assets_def.dependency_keys), context.partition_key)
+    return Output(result.figures, metadata={
+        "summary": MetadataValue.md(markdown(result.summary)),
+        "headroom": MetadataValue.md(markdown(result.headroom)),
+        "paired": MetadataValue.md(markdown(result.paired)),
+        "protocol": evaluation.protocol, "budgets": MetadataValue.json(list(budgets)),
+        "method_protocols": MetadataValue.json(protocols), "queries": len(pools),
+        "seconds": round(time.perf_counter() - started, 3), "artifacts": MetadataValue.path(str(folder)),
+        REPORT_ID: stored, "lineage": MetadataValue.md(render_markdown(lineage)),
+        "config": MetadataValue.json(config.model_dump()), "settings": MetadataValue.json(evaluation.model_dump())})

@@ -1,0 +1,214 @@
+"""The token-budgeted comparison (models/comparison.py) on generated pools: budgets are never exceeded, the
+exact oracles are never beaten, topic-grouped folds never mix a topic between training and evaluation, and
+the report's tables agree with the figures they summarise."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from covlab.models.comparison import (BUDGETED_METHODS, METHOD, LONG_ITEM_BUDGETS, SHORT_ITEM_BUDGETS, compare,
+                                      cross_validated_lmvu, default_token_budgets, embed_items, evaluated_query_ids,
+                                      fit_lmvu, pool_token_counts, query_pools, resolve_budgets, run_method,
+                                      topic_folds)
+from covlab.models.schemas import QUERIES
+from covlab.models.selection import Trust
+
+DIM = 16
+BUDGETS = (40, 80, 160)
+
+
+def generated(n_topics: int = 5, seed: int = 0):
+    """Tables of a small dataset: per topic two queries (stances); each query's pool holds 20 documents, some
+    covering one of its 3-5 viewpoints (noisy copies of the viewpoint's direction), some restating the query
+    and covering nothing. Embeddings and token counts are given directly (ITEM_EMBEDDINGS, TOKEN_COUNTS)."""
+    rng = np.random.default_rng(seed)
+    queries, pools, corpus, nuggets, links, embeddings, tokens = [], [], [], [], [], [], []
+
+    def unit(v):
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+    for t in range(n_topics):
+        for stance in ("pro", "con"):
+            q = f"t{t}-{stance}"
+            split = "train" if t < n_topics - 2 else ("dev" if t == n_topics - 2 else "test")
+            queries.append({"query_id": q, "text": f"query {q}", "split": split, "topic": f"t{t}"})
+            q_vec = rng.normal(size=DIM)
+            embeddings.append(("query", q, 0, unit(q_vec)))
+            views = [rng.normal(size=DIM) for _ in range(int(rng.integers(3, 6)))]
+            for v in range(len(views)):
+                nuggets.append({"query_id": q, "nugget_id": f"{q}/v{v}", "text": f"viewpoint {v}"})
+            for i in range(20):
+                d = f"{q}/d{i}"
+                covered = int(rng.integers(len(views))) if i % 3 else None
+                vec = (views[covered] if covered is not None else q_vec) + 0.4 * rng.normal(size=DIM)
+                embeddings.append(("document", d, 0, unit(vec)))
+                tokens.append({"doc_id": d, "tokens": int(rng.integers(8, 40))})
+                corpus.append({"doc_id": d, "title": "", "text": f"document {d}", "source_unit": f"{q}/u{i // 2}"})
+                pools.append({"query_id": q, "doc_id": d, "rank": i + 1, "score": 1.0 / (i + 1)})
+                if covered is not None:
+                    links.append({"query_id": q, "doc_id": d, "nugget_id": f"{q}/v{covered}", "grade": 1})
+    return {"queries": QUERIES.conform(pd.DataFrame(queries)), "bm25_pools": pd.DataFrame(pools),
+            "corpus": pd.DataFrame(corpus), "nuggets": pd.DataFrame(nuggets), "nugget_links": pd.DataFrame(links),
+            "item_embeddings": pd.DataFrame(embeddings, columns=["kind", "item_id", "atom", "vector"]),
+            "token_counts": pd.DataFrame(tokens)}
+
+
+def pools_of(tables, ids=None):
+    ids = ids if ids is not None else sorted(set(tables["bm25_pools"]["query_id"]))
+    return query_pools(tables["bm25_pools"], tables["queries"], tables["item_embeddings"], tables["token_counts"],
+                       tables["corpus"], ids, tables["nuggets"], tables["nugget_links"])
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return generated()
+
+
+@pytest.fixture(scope="module")
+def all_selections(tables):
+    """Every method's selections over every generated pool; the estimated matrices are the gold matrix
+    blurred, the LMVU ranker is fit on the train and dev queries."""
+    pools = pools_of(tables)
+    rng = np.random.default_rng(1)
+    links = tables["nugget_links"]
+    estimated = (tables["bm25_pools"].merge(tables["nuggets"][["query_id", "nugget_id"]], on="query_id")
+                 .rename(columns={"nugget_id": "subq_id"})[["query_id", "doc_id", "subq_id"]])
+    linked = set(zip(links["doc_id"], links["nugget_id"]))
+    estimated["probability"] = np.clip([0.7 * ((d, s) in linked) + 0.3 * rng.random()
+                                        for d, s in zip(estimated["doc_id"], estimated["subq_id"])], 0, 1)
+    train = [q for q, p in pools.items() if p.split == "train"]
+    dev = [q for q, p in pools.items() if p.split == "dev"]
+    trained = fit_lmvu(BUDGETS, states_per_query=4, seed=0)([pools[q].labelled() for q in train],
+                                                          [pools[q].labelled() for q in dev])
+    from covlab.models.lmvu import LMVU
+
+    out = {}
+    for method in BUDGETED_METHODS:
+        out[method.name], _ = run_method(method, pools, BUDGETS, mmr_lambda=0.5, tau=0.3, ranker=LMVU(trained.ranker),
+                                         coverage=estimated, trust=Trust(True, "test"))
+    return pools, out
+
+
+@pytest.fixture(scope="module")
+def comparison(tables, all_selections):
+    pools, selections = all_selections
+    return compare(selections, pools, tables["nugget_links"], alpha=0.5, baseline="relevance", seed=0)
+
+
+def test_every_budgeted_selection_fits_its_budget_and_names_pool_documents(tables, all_selections):
+    pools, selections = all_selections
+    cost = dict(zip(tables["token_counts"]["doc_id"], tables["token_counts"]["tokens"]))
+    for name, table in selections.items():
+        assert set(table["budget"]) == set(BUDGETS), name
+        for (query_id, budget), rows in table.groupby(["query_id", "budget"]):
+            assert sum(cost[d] for d in rows["doc_id"]) <= budget, (name, query_id, budget)
+            assert set(rows["doc_id"]) <= set(pools[query_id].doc_ids)
+            assert rows["doc_id"].is_unique and list(rows["rank"]) == list(range(1, len(rows) + 1))
+
+
+def test_the_exact_oracles_are_never_beaten_and_headroom_is_their_difference(comparison):
+    result = comparison
+    figures = result.figures
+    for metric, oracle in (("rvc1", "oracle_rvc1"), ("rvc2", "oracle_rvc2")):
+        rows = figures[figures["metric"] == metric].pivot_table(index=["budget", "query_id"], columns="method",
+                                                                 values="value")
+        assert (rows.drop(columns=[oracle]).le(rows[oracle] + 1e-12, axis=0)).all().all(), metric
+        # oracle - method averaged over queries is the headroom column
+        for method in ("relevance", "lmvu", "oracle_greedy"):
+            for budget in BUDGETS:
+                expected = (rows.loc[budget, oracle] - rows.loc[budget, method]).mean()
+                assert result.headroom.loc[(method, budget), f"{metric}_headroom"] == pytest.approx(expected)
+    # oracle value never falls as the budget grows
+    oracle_means = result.summary.loc["oracle_rvc1", "rvc1"]
+    assert list(oracle_means) == sorted(oracle_means)
+
+
+def test_summary_and_paired_tables(all_selections, comparison):
+    pools, result = all_selections[0], comparison
+    assert list(dict.fromkeys(result.summary.index.get_level_values("method"))) == [m.name for m in BUDGETED_METHODS]
+    assert (result.summary["queries"] == len(pools)).all()
+    figures = result.figures
+    mean = figures[(figures["method"] == "mmr") & (figures["budget"] == 80) & (figures["metric"] == "rvc1")]["value"]
+    assert result.summary.loc[("mmr", 80), "rvc1"] == pytest.approx(mean.mean())
+    # exact oracles are sets: no rank measures
+    assert np.isnan(result.summary.loc[("oracle_rvc1", 80), "alpha_ndcg@10"])
+    pairs = set(result.paired.index.droplevel(["budget", "metric"]))
+    assert ("lmvu", "mmr") in pairs and ("facloc", "relevance") in pairs and ("relevance", "relevance") not in pairs
+    row = result.paired.loc[("lmvu", "mmr", 80, "rvc1")]
+    assert row["n"] == len(pools) and row["ci_low"] <= row["mean_difference"] <= row["ci_high"]
+    assert row["wins"] + row["ties"] + row["losses"] == len(pools)
+
+
+def test_estimated_methods_keep_relevance_order_below_the_estimator_gate(tables):
+    pools = pools_of(tables)
+    coverage = pd.DataFrame({"query_id": [next(iter(pools))], "doc_id": [pools[next(iter(pools))].doc_ids[0]],
+                             "subq_id": ["s"], "probability": [0.9]})
+    gated, details = run_method(METHOD["coverage_greedy"], pools, BUDGETS, mmr_lambda=0.5, tau=0.3, coverage=coverage,
+                                trust=Trust(False, "dev ROC-AUC 0.5 < 0.65"))
+    relevance, _ = run_method(METHOD["relevance"], {q: pools[q] for q in coverage["query_id"]}, BUDGETS,
+                              mmr_lambda=0.5, tau=0.3)
+    assert details["fell_back"] and details["queries"] == 1
+    pd.testing.assert_frame_equal(gated, relevance)
+
+
+def test_topic_folds_keep_each_topic_in_one_fold_and_balance_queries():
+    queries = QUERIES.conform(pd.DataFrame({"query_id": [f"q{i}" for i in range(62)], "text": "x", "split": "train",
+                                            "topic": [f"t{i // 2}" for i in range(62)]}))
+    folds = topic_folds(queries, 5, seed=3)
+    assert set(folds) == set(queries["query_id"]) and set(folds.values()) == set(range(5))
+    topic_of = dict(zip(queries["query_id"], queries["topic"]))
+    assert all(len({folds[q] for q in qs}) == 1
+               for qs in queries.groupby("topic")["query_id"].apply(list))
+    sizes = np.bincount(list(folds.values()))
+    assert sizes.max() - sizes.min() <= 2  # two queries per topic
+    assert folds == topic_folds(queries, 5, seed=3) and folds != topic_folds(queries, 5, seed=4)
+    assert topic_of  # every query has a topic
+    with pytest.raises(ValueError, match="folds"):
+        topic_folds(queries, 32, seed=0)
+
+
+def test_cross_validated_lmvu_never_trains_on_the_topics_it_selects_for(tables):
+    pools = pools_of(tables)
+    folds = topic_folds(tables["queries"], 3, seed=0)
+    selections, rankers = cross_validated_lmvu(pools, folds, BUDGETS, fit_lmvu(BUDGETS, states_per_query=3, seed=0))
+    topic = {q: p.topic for q, p in pools.items()}
+    for ranker in rankers:
+        evaluated = {topic[q] for q, f in folds.items() if f == ranker.fold}
+        assert evaluated.isdisjoint({topic[q] for q in ranker.train + ranker.dev})
+        assert set(ranker.train).isdisjoint(ranker.dev)
+    assert set(selections["query_id"]) == set(pools)  # every query selected once, by its fold's ranker
+    assert not selections.duplicated(["query_id", "budget", "rank"]).any()
+
+
+def test_default_budgets_follow_the_item_length_and_configured_ones_win():
+    short = pd.DataFrame({"doc_id": ["a", "b", "c"], "tokens": [18, 22, 70]})
+    long = pd.DataFrame({"doc_id": ["a", "b"], "tokens": [120, 128]})
+    assert default_token_budgets(short) == SHORT_ITEM_BUDGETS and default_token_budgets(long) == LONG_ITEM_BUDGETS
+    assert resolve_budgets([256, 32, 32], short) == (32, 256)
+    with pytest.raises(ValueError, match="positive"):
+        resolve_budgets([0], short)
+
+
+def test_evaluated_queries_by_protocol(tables):
+    pools, queries = tables["bm25_pools"], tables["queries"]
+    assert evaluated_query_ids(queries, pools, "split", ["test"]) == ["t4-con", "t4-pro"]
+    assert evaluated_query_ids(queries, pools, "grouped_cv", ["test"]) == sorted(set(pools["query_id"]))
+
+
+def test_embedded_items_and_token_counts_cover_every_pooled_text():
+    pools = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "b"], "rank": [1, 2], "score": [1.0, 0.5]})
+    queries = QUERIES.conform(pd.DataFrame({"query_id": ["q1"], "text": ["Which?"], "split": ["test"]}))
+    texts = {"a": "One short sentence here. And a second one follows.", "b": "Only one sentence here."}
+    seen = []
+
+    def embed(batch):
+        seen.extend(batch)
+        return np.eye(len(batch), 4, dtype=np.float32)
+
+    table = embed_items(pools, queries, texts, embed)
+    assert list(zip(table["kind"], table["item_id"], table["atom"])) == [
+        ("query", "q1", 0), ("document", "a", 0), ("atom", "a", 0), ("atom", "a", 1), ("document", "b", 0)]
+    assert seen[2:4] == ["One short sentence here.", "And a second one follows."]
+    counts = pool_token_counts(pools, texts, lambda batch: np.array([len(t.split()) for t in batch]))
+    assert dict(zip(counts["doc_id"], counts["tokens"])) == {"a": 9, "b": 4}
+    assert queries["topic"].tolist() == ["q1"]  # a query without a topic is its own

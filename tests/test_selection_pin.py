@@ -1,0 +1,224 @@
+"""Pinned: the k = 10 selections of every selection asset (assets/selections.py) on the demo dataset.
+
+Deterministic stand-ins replace what the pipeline retrieves and estimates: a BM25 pool ranked by a seeded
+score, pool scores (relevance, coverage_trained) drawn from a seed with many ties, and estimated coverage
+matrices that mix the gold links with seeded noise at four strengths (informative, moderate, weak, coin),
+read by an estimator that is trusted (dev ROC-AUC 0.9) or not (0.545). Every asset is invoked as the
+pipeline invokes it, with the inputs its definition names; each case's run is pinned by the SHA-256 of its
+rows, its metadata but the settings (SHA-256, plus fell_back and blend_weight in the clear; the blend's
+dev evidence scores every candidate weight), and its mean alpha-nDCG@10 and StRecall@10 against the gold
+nuggets, exactly. The figures were computed before the selectors became typed objects (issue 10); a
+refactor of the selectors must not move them."""
+
+import hashlib
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from covlab.assets.selections import SELECTION_ASSETS
+from covlab.models.metrics import evaluate_run
+from covlab.models.pools import rank_within_queries
+from covlab.resources.evaluation import EvaluationResource
+
+TRUSTED, UNTRUSTED = 0.9, 0.545
+# matrix -> the weight of the gold link in each pair's probability (the rest is seeded noise)
+SIGNAL = {"informative": 0.8, "moderate": 0.6, "weak": 0.4, "coin": 0.0}
+EVALUATIONS = {"default": EvaluationResource(), "tau0.5": EvaluationResource(tau=0.5),
+               "weights0-0.5": EvaluationResource(blend_weights=[0.0, 0.5])}
+# (estimator dev ROC-AUC, matrix, evaluation settings) of the assets on an estimated matrix
+ESTIMATED_CASES = [(UNTRUSTED, "informative", "default"), (TRUSTED, "informative", "default"),
+                   (TRUSTED, "moderate", "default"), (TRUSTED, "weak", "default"), (TRUSTED, "coin", "default"),
+                   (TRUSTED, "weak", "tau0.5"), (TRUSTED, "moderate", "weights0-0.5")]
+
+# case -> (rows SHA-256[:16], metadata SHA-256[:16], fell_back, blend_weight, alpha-nDCG@10, StRecall@10)
+EXPECTED = {
+    "selection_bm25/default":
+        ("05582be0aec77a6b", "471b6a2c32962a23", None, None, 0.696377126846773, 0.887962962962963),
+    "selection_relevance/default":
+        ("58d7f56c38771058", "c38978fd77ace382", None, None, 0.752007500346895, 0.9069444444444444),
+    "selection_relevance_coverage_trained/default":
+        ("696e859dca389d05", "866e8722c345ca72", None, None, 0.748180398572468, 0.8868386243386244),
+    "selection_coverage_greedy/auc0.545/informative/default":
+        ("696e859dca389d05", "02dabc02971a26c2", True, None, 0.748180398572468, 0.8868386243386244),
+    "selection_coverage_greedy/auc0.9/informative/default":
+        ("27a6c045a1bf8edf", "995812dde594d3f3", False, 1.0, 0.8969693846617726, 1.0),
+    "selection_coverage_greedy/auc0.9/moderate/default":
+        ("879ee291c54520b4", "c1cae3052d813f7e", False, 0.25, 0.7619332370153559, 0.8868386243386244),
+    "selection_coverage_greedy/auc0.9/weak/default":
+        ("ececb42e3ff10d4f", "877de6eee71bc5ca", False, 0.5, 0.766367076005924, 0.8868386243386244),
+    "selection_coverage_greedy/auc0.9/coin/default":
+        ("696e859dca389d05", "de947fd943d1c70b", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_coverage_greedy/auc0.9/weak/tau0.5":
+        ("340fe84bdad8c25e", "b80d2083d227f755", False, 0.75, 0.8009756080326841, 0.8868386243386244),
+    "selection_coverage_greedy/auc0.9/moderate/weights0-0.5":
+        ("696e859dca389d05", "4a6021535273cf39", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_coverage_greedy_soft/auc0.545/informative/default":
+        ("696e859dca389d05", "2e1896b190c4114a", True, None, 0.748180398572468, 0.8868386243386244),
+    "selection_coverage_greedy_soft/auc0.9/informative/default":
+        ("5c4346ea7960d290", "479abe9c8e1b9daa", False, 1.0, 0.9788439024058304, 1.0),
+    "selection_coverage_greedy_soft/auc0.9/moderate/default":
+        ("f56f30d004dca6bf", "6e6c2e312dca6147", False, 1.0, 0.9580570790644706, 1.0),
+    "selection_coverage_greedy_soft/auc0.9/weak/default":
+        ("8628f26415ac0a6b", "73534732815d0271", False, 1.0, 0.9002896537032004, 0.9629629629629629),
+    "selection_coverage_greedy_soft/auc0.9/coin/default":
+        ("277254f6ffb2bf15", "7aa728026587c216", False, 0.75, 0.756046507891111, 0.8868386243386244),
+    "selection_coverage_greedy_soft/auc0.9/weak/tau0.5":
+        ("8628f26415ac0a6b", "73534732815d0271", False, 1.0, 0.9002896537032004, 0.9629629629629629),
+    "selection_coverage_greedy_soft/auc0.9/moderate/weights0-0.5":
+        ("50d554d94ee8bd7b", "079e50e11e489ab5", False, 0.5, 0.7883958987314709, 0.8868386243386244),
+    "selection_gold_nugget_bound/auc0.545/informative/default":
+        ("696e859dca389d05", "02dabc02971a26c2", True, None, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound/auc0.9/informative/default":
+        ("27a6c045a1bf8edf", "995812dde594d3f3", False, 1.0, 0.8969693846617726, 1.0),
+    "selection_gold_nugget_bound/auc0.9/moderate/default":
+        ("696e859dca389d05", "c48d900e095d22b9", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound/auc0.9/weak/default":
+        ("696e859dca389d05", "ae36464bc74408a9", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound/auc0.9/coin/default":
+        ("696e859dca389d05", "baea7858da65dd60", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound/auc0.9/weak/tau0.5":
+        ("696e859dca389d05", "3bb25f9a9f747928", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound/auc0.9/moderate/weights0-0.5":
+        ("696e859dca389d05", "c2793b5720e5e773", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound_soft/auc0.545/informative/default":
+        ("696e859dca389d05", "2e1896b190c4114a", True, None, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound_soft/auc0.9/informative/default":
+        ("5333841e8310eb0c", "707d82d8ebf015b2", False, 1.0, 0.9963199257406871, 1.0),
+    "selection_gold_nugget_bound_soft/auc0.9/moderate/default":
+        ("980ff634c62b598e", "8770ffecd8c38bdf", False, 1.0, 0.9740815874947083, 1.0),
+    "selection_gold_nugget_bound_soft/auc0.9/weak/default":
+        ("cfeb00788b21bfe3", "7e4c61b42d307e57", False, 1.0, 0.899022556552593, 0.9398148148148149),
+    "selection_gold_nugget_bound_soft/auc0.9/coin/default":
+        ("696e859dca389d05", "87f968b2f5f42216", False, 0.0, 0.748180398572468, 0.8868386243386244),
+    "selection_gold_nugget_bound_soft/auc0.9/weak/tau0.5":
+        ("cfeb00788b21bfe3", "7e4c61b42d307e57", False, 1.0, 0.899022556552593, 0.9398148148148149),
+    "selection_gold_nugget_bound_soft/auc0.9/moderate/weights0-0.5":
+        ("dbc511d02221d5dc", "743821db12aab762", False, 0.5, 0.7850346742636326, 0.8868386243386244),
+    "selection_oracle_greedy/default":
+        ("27a6c045a1bf8edf", "a78c9288c009b753", None, None, 0.8969693846617726, 1.0),
+}
+
+# asset -> its inputs (input name -> asset) and code version, as the selection assets are defined
+EXPECTED_GRAPH = {
+    "selection_bm25": (
+        {"bm25_pools": "bm25_pools", "queries": "queries"},
+        "1"),
+    "selection_relevance": (
+        {"bm25_pools": "bm25_pools", "pool_scores": "pool_scores", "queries": "queries"},
+        "1"),
+    "selection_relevance_coverage_trained": (
+        {"bm25_pools": "bm25_pools", "pool_scores": "pool_scores", "queries": "queries"},
+        "1"),
+    "selection_coverage_greedy": (
+        {"bm25_pools": "bm25_pools", "coverage": "estimated_coverage_matrix",
+         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "queries": "queries"},
+        "3"),
+    "selection_coverage_greedy_soft": (
+        {"bm25_pools": "bm25_pools", "coverage": "estimated_coverage_matrix",
+         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "queries": "queries"},
+        "3"),
+    "selection_gold_nugget_bound": (
+        {"bm25_pools": "bm25_pools", "coverage": "estimated_gold_coverage_matrix",
+         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "queries": "queries"},
+        "3"),
+    "selection_gold_nugget_bound_soft": (
+        {"bm25_pools": "bm25_pools", "coverage": "estimated_gold_coverage_matrix",
+         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "queries": "queries"},
+        "3"),
+    "selection_oracle_greedy": (
+        {"bm25_pools": "bm25_pools", "coverage": "nugget_links", "pool_scores": "pool_scores",
+         "queries": "queries"},
+        "1"),
+}
+
+
+@pytest.fixture(scope="module")
+def inputs(demo_dataset):
+    """What the selection assets read, deterministic: every demo query's candidates as its BM25 pool."""
+    candidates = demo_dataset.candidates.sort_values(["query_id", "doc_id"], ignore_index=True)
+    bm25_pools = rank_within_queries(candidates.assign(score=np.random.default_rng(10).random(len(candidates))))
+    pool_scores = bm25_pools[["query_id", "doc_id"]].assign(
+        relevance=np.random.default_rng(11).random(len(bm25_pools)),
+        coverage_trained=np.random.default_rng(12).integers(0, 6, len(bm25_pools)).astype(float))
+    return {"bm25_pools": bm25_pools, "pool_scores": pool_scores, "queries": demo_dataset.queries,
+            "nugget_links": demo_dataset.nugget_links}
+
+
+def estimated_matrix(pools: pd.DataFrame, nuggets: pd.DataFrame, links: pd.DataFrame, signal: float, seed: int,
+                     subquestion_suffix: str) -> pd.DataFrame:
+    """A COVERAGE_MATRIX over every (pool document, nugget) pair: p = signal * [linked] + (1 - signal) * noise,
+    the subquestions being the nuggets renamed by `subquestion_suffix`."""
+    pairs = pools[["query_id", "doc_id"]].merge(nuggets[["query_id", "nugget_id"]], on="query_id")
+    pairs = pairs.sort_values(["query_id", "doc_id", "nugget_id"], ignore_index=True)
+    linked = pairs.merge(links[["query_id", "doc_id", "nugget_id"]], how="left", indicator=True)["_merge"] == "both"
+    noise = np.random.default_rng(seed).random(len(pairs))
+    return pd.DataFrame({"query_id": pairs["query_id"], "doc_id": pairs["doc_id"],
+                         "subq_id": pairs["nugget_id"] + subquestion_suffix,
+                         "probability": signal * linked.to_numpy(float) + (1 - signal) * noise})
+
+
+@pytest.fixture(scope="module")
+def matrices(demo_dataset, inputs):
+    """The two estimated matrices the assets read, per noise strength (seeded apart)."""
+    nuggets, links = demo_dataset.nuggets, demo_dataset.nugget_links
+    return {(asset, strength): estimated_matrix(inputs["bm25_pools"], nuggets, links, signal, seed, suffix)
+            for (asset, suffix), base in ((("estimated_coverage_matrix", "-s"), 20),
+                                          (("estimated_gold_coverage_matrix", ""), 40))
+            for seed, (strength, signal) in enumerate(SIGNAL.items(), start=base)}
+
+
+def cases():
+    for assets_def in SELECTION_ASSETS:
+        name = assets_def.key.to_user_string()
+        if "coverage_estimator" in assets_def.keys_by_input_name:
+            for dev_auc, strength, settings in ESTIMATED_CASES:
+                yield f"{name}/auc{dev_auc}/{strength}/{settings}", assets_def, dev_auc, strength, settings
+        else:
+            yield f"{name}/default", assets_def, None, None, "default"
+
+
+def run_case(assets_def, dev_auc, strength, settings, inputs, matrices):
+    available = {**inputs, "evaluation": EVALUATIONS[settings]}
+    if dev_auc is not None:
+        available["coverage_estimator"] = {"dev_auc": dev_auc}
+    coverage_key = assets_def.keys_by_input_name.get("coverage")
+    if coverage_key is not None:
+        coverage = coverage_key.to_user_string()
+        available["coverage"] = inputs[coverage] if coverage == "nugget_links" else matrices[(coverage, strength)]
+    return assets_def(**{name: available[name]
+                         for name in [*assets_def.keys_by_input_name, "evaluation"]})
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def pinned(output, links: pd.DataFrame, qrels: pd.DataFrame) -> tuple:
+    run = output.value
+    rows = "\n".join(f"{q}\t{r}\t{d}" for q, r, d in run[["query_id", "rank", "doc_id"]].itertuples(index=False))
+    metadata = {key: value.value for key, value in output.metadata.items() if key != "settings"}
+    measured = evaluate_run(run, links, qrels, k=10, alpha=0.5).groupby("metric")["value"].mean()
+    return (digest(rows), digest(json.dumps(metadata, sort_keys=True)), metadata.get("fell_back"),
+            metadata.get("blend_weight"), float(measured["alpha_ndcg@10"]), float(measured["strecall@10"]))
+
+
+CASES = list(cases())
+
+
+@pytest.mark.parametrize("case, assets_def, dev_auc, strength, settings", CASES, ids=[c[0] for c in CASES])
+def test_selection_is_pinned(case, assets_def, dev_auc, strength, settings, demo_dataset, inputs, matrices):
+    output = run_case(assets_def, dev_auc, strength, settings, inputs, matrices)
+    assert output.value["query_id"].nunique() == 6 and output.value.groupby("query_id").size().eq(10).all()
+    assert pinned(output, demo_dataset.nugget_links, demo_dataset.qrels) == EXPECTED[case]
+
+
+def test_the_selection_assets_keep_their_inputs_and_code_versions():
+    graph = {a.key.to_user_string(): ({k: v.to_user_string() for k, v in sorted(a.keys_by_input_name.items())},
+                                      a.code_versions_by_key[a.key]) for a in SELECTION_ASSETS}
+    assert graph == EXPECTED_GRAPH
