@@ -127,6 +127,7 @@ def test_report_metadata_results_store_and_registered_models(built):
     assert "corpus [demo]" in event.metadata["lineage"].value
     resources = default_resources(home)
     stored = resources["results"].figures(dataset="demo", metric="alpha_ndcg@10", split="test", aggregate_only=True)
+    stored = stored[stored["report_asset"] == "coverage_report"]  # comparison_report stores its own oracle_greedy
     assert set(stored["method"]) >= {"relevance", "coverage_greedy", "oracle_greedy"}
     report = _stored(home, "coverage_report")
     mean = report[(report["method"] == "oracle_greedy") & (report["split"] == "test")
@@ -236,6 +237,7 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
     # --value finds the stored figure and audits the report that produced it
     figure = default_resources(home)["results"].figures(dataset="demo", method="oracle_greedy",
                                                         metric="alpha_ndcg@10", split="test", aggregate_only=True)
+    figure = figure[figure["report_asset"] == "coverage_report"]
     audits = audit_figures(instance, default_resources(home)["results"].find_value(float(figure["value"].iloc[0]), 1e-9))
     assert any(a["lineage"].asset_key == "coverage_report" and a["lineage"].gap is None
                and a["lineage"].inputs for a in audits)
