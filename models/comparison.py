@@ -22,7 +22,7 @@ from covlab.models.lmvu import LMVU, LabelledPool, TrainedLMVU, train_lmvu
 from covlab.models.metrics import evaluate_run
 from covlab.models.oracles import rvc1_oracle, rvc2_oracle
 from covlab.models.schemas import Schema
-from covlab.models.selection import Trust
+from covlab.models.selection import ESTIMATED, Trust, query_matrix
 from covlab.models.statistics import paired_comparison
 from covlab.models.subquestions import split_sentences
 from covlab.models.viewpoints import iou, redundancy, rvc1, rvc2
@@ -163,12 +163,12 @@ class QueryPool:
     gold: np.ndarray | None
 
     def labelled(self) -> LabelledPool:
-        return LabelledPool(self.query_id, self.pool, self._gold())
+        return LabelledPool(self.query_id, self.pool, self.gold_labels())
 
     def with_covers(self, covers: np.ndarray) -> Pool:
         return replace(self.pool, covers=covers)
 
-    def _gold(self) -> np.ndarray:
+    def gold_labels(self) -> np.ndarray:
         if self.gold is None:
             raise ValueError(f"query {self.query_id!r}: built without nuggets, so it has no gold matrix")
         return self.gold
@@ -226,14 +226,6 @@ def _gold_matrices(nuggets: pd.DataFrame, nugget_links: pd.DataFrame):
     return gold
 
 
-def coverage_matrix(query_pool: QueryPool, rows: pd.DataFrame, nugget_column: str, value_column: str) -> np.ndarray:
-    """M[d, v] of one query from its rows of a long-form coverage table (doc_id, <nugget_column>,
-    <value_column>): pool documents in pool order x the query's subquestions; absent pairs are 0."""
-    wide = rows.pivot(index="doc_id", columns=nugget_column, values=value_column)
-    return wide.reindex(index=query_pool.doc_ids).fillna(0.0).to_numpy(dtype=float).reshape(
-        len(query_pool.doc_ids), wide.shape[1])
-
-
 def resolve_budgets(configured: Sequence[int], token_counts: pd.DataFrame) -> tuple[int, ...]:
     """The configured token budgets (distinct, ascending), or the dataset's default when none are configured."""
     budgets = tuple(sorted(set(configured))) or default_token_budgets(token_counts)
@@ -285,7 +277,7 @@ def run_method(method: BudgetedMethod, query_pools: Mapping[str, QueryPool], bud
         return table, {"oracle_refused": [{"query_id": r.query_id, "reason": r.reason} for r in refused]}
     selector = method_selector(method, mmr_lambda=mmr_lambda, tau=tau, ranker=ranker)
     if method.covers == "gold":
-        return select_budgeted(query_pools, selector, budgets, covers=lambda p: p._gold().astype(float)), {}
+        return select_budgeted(query_pools, selector, budgets, covers=lambda p: p.gold_labels().astype(float)), {}
     if method.covers is None:
         return select_budgeted(query_pools, selector, budgets), {}
     if coverage is None or trust is None:
@@ -296,7 +288,7 @@ def run_method(method: BudgetedMethod, query_pools: Mapping[str, QueryPool], bud
     if not trust.trusted:
         return select_budgeted(estimated, RelevanceOrder(), budgets), details
     return select_budgeted(estimated, selector, budgets,
-                           covers=lambda p: coverage_matrix(p, rows_of[p.query_id], "subq_id", "probability")), details
+                           covers=lambda p: query_matrix(p.doc_ids, rows_of[p.query_id], ESTIMATED)), details
 
 
 @dataclass(frozen=True)
@@ -316,7 +308,7 @@ def oracle_selections(query_pools: Mapping[str, QueryPool], which: str, budgets:
                                                query_id=p.query_id)}[which]
     rows, refused = [], []
     for query_id, query_pool in sorted(query_pools.items()):
-        if query_pool._gold().shape[1] == 0:
+        if query_pool.gold_labels().shape[1] == 0:
             continue
         try:
             results = [(budget, oracle(query_pool, int(budget))) for budget in budgets]
@@ -382,7 +374,7 @@ def cross_validated_lmvu(query_pools: Mapping[str, QueryPool], folds: Mapping[st
 
 def labelled_pools(query_pools: Mapping[str, QueryPool], query_ids: Iterable[str]) -> list[LabelledPool]:
     """The LabelledPools of `query_ids` that have viewpoints (a query without any has no true gain)."""
-    return [query_pools[q].labelled() for q in query_ids if query_pools[q]._gold().shape[1]]
+    return [query_pools[q].labelled() for q in query_ids if query_pools[q].gold_labels().shape[1]]
 
 
 def fit_lmvu(budgets: Sequence[int], **settings) -> Callable[[list[LabelledPool], list[LabelledPool]], TrainedLMVU]:
@@ -428,7 +420,7 @@ def comparison_figures(selections: Mapping[str, pd.DataFrame], query_pools: Mapp
 def _set_measures(method: str, budget: int, query_pool: QueryPool, doc_ids: list[str]) -> list[tuple]:
     index = {d: i for i, d in enumerate(query_pool.doc_ids)}
     chosen = np.array([index[d] for d in doc_ids], dtype=np.int64)
-    pool, gold = query_pool.pool, query_pool._gold()
+    pool, gold = query_pool.pool, query_pool.gold_labels()
     values = {"tokens": float(pool.tokens[chosen].sum()), "redundancy": redundancy(pool.embeddings, chosen)}
     evidence = query_pool.doc_ids[gold.any(axis=1)]
     if len(chosen) or len(evidence):

@@ -209,7 +209,7 @@ def select_per_query(pool: pd.DataFrame, selector: KSelector, k: int, coverage: 
     frames = []
     for query_id, docs in pool.groupby("query_id", sort=True):
         doc_ids = docs["doc_id"].to_numpy()
-        chosen = selector(_query_matrix(doc_ids, by_query.get(query_id), columns),
+        chosen = selector(query_matrix(doc_ids, by_query.get(query_id), columns),
                           -docs["rank"].to_numpy(dtype=float), k)
         frames.append(pd.DataFrame({"query_id": query_id, "rank": np.arange(1, len(chosen) + 1),
                                     "doc_id": doc_ids[chosen]}))
@@ -339,7 +339,7 @@ def _coverage_by_query(coverage: pd.DataFrame | None, selector: KSelector,
     return dict(tuple(coverage[expected].groupby("query_id", sort=False)))
 
 
-def _query_matrix(doc_ids: np.ndarray, rows: pd.DataFrame | None, columns: CoverageColumns) -> np.ndarray:
+def query_matrix(doc_ids: np.ndarray, rows: pd.DataFrame | None, columns: CoverageColumns) -> np.ndarray:
     """M[d, v] for one query: pool documents in pool order x the query's subquestions; absent pairs are 0."""
     if rows is None:
         return np.zeros((len(doc_ids), 0))
