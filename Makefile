@@ -36,6 +36,7 @@ bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to 
 	$(BIN)/python bench/step_memory.py
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/selection.py
+	$(BIN)/python bench/mcompass_latency.py
 
 install: $(STAMP)
 

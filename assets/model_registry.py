@@ -66,3 +66,17 @@ def load_registered_model(value: dict, tracking: TrackingResource, artifacts: Ar
     ref = ModelVersionRef(name=value["name"], version=int(value["version"]), uri=value["uri"],
                           run_id=value["mlflow_run_id"], source=value["source"])
     return str(tracking.download(ref, Path(value["path"])))
+
+
+def load_model_by_alias(tracking: TrackingResource, artifacts: ArtifactStore, partition: str, selector: str,
+                        alias: str) -> tuple[str, str]:
+    """A local weights directory and the model URI of the version of `covlab.<partition>.<selector>` that
+    carries `alias` (the local copy the registration kept, else downloaded); a clear error when none does."""
+    name = f"covlab.{partition}.{selector}"
+    ref = tracking.version_for_alias(name, alias)
+    if ref is None:
+        raise ValueError(f"{name} has no version with alias {alias!r}; materialize {selector} for {partition!r} "
+                         "first")
+    local = artifacts.directory(selector, partition, f"v{ref.version}")
+    return load_registered_model({"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
+                                  "source": ref.source, "path": str(local)}, tracking, artifacts), ref.uri

@@ -90,3 +90,14 @@ POOLS = Schema("pools", {"query_id": "string", "doc_id": "string", "rank": "int6
                key=("query_id", "doc_id"))
 
 SPLITS = ("train", "dev", "test")
+
+# MCompassRAG's retrieval units (METHODS.md §4): a document split into coarse chunks, with the character
+# offsets [start, end) of each chunk in the document's model text (models/coverage.py document_texts) and its
+# token count; a document no longer than the chunk size is one chunk whose id is the document id.
+CHUNKS = Schema("chunks", {"chunk_id": "string", "doc_id": "string", "start": "int64", "end": "int64",
+                           "text": "string", "tokens": "int64"}, key=("chunk_id",))
+# The gold of NUGGET_LINKS and QRELS moved to the chunks that hold it.
+CHUNK_LINKS = Schema("chunk_links", {"query_id": "string", "chunk_id": "string", "nugget_id": "string",
+                                     "grade": "int64"}, key=("query_id", "chunk_id", "nugget_id"))
+CHUNK_QRELS = Schema("chunk_qrels", {"query_id": "string", "chunk_id": "string", "relevance": "int64"},
+                     key=("query_id", "chunk_id"))

@@ -16,8 +16,8 @@ from dagster import (AssetKey, DefaultScheduleStatus, DefaultSensorStatus, RunRe
 from covlab.assets.partitions import DATASETS
 from covlab.resources.tracking import TrackingResource
 
-REPORTS = [AssetKey("comparison_report"), AssetKey("coverage_report")]
-TRAINED_SELECTORS = ("coverage_estimator", "coverage_biencoder", "lmvu_ranker")
+REPORTS = [AssetKey("comparison_report"), AssetKey("coverage_report"), AssetKey("retrieval_report")]
+TRAINED_SELECTORS = ("coverage_estimator", "coverage_biencoder", "lmvu_ranker", "mcompass_student")
 
 
 def _stale_resolver(instance, asset_graph):

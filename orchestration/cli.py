@@ -24,11 +24,13 @@ import yaml
 
 
 # `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
-# candidate pool instead of the BM25 top-100, one estimator epoch at a higher learning rate.
+# candidate pool instead of the BM25 top-100, one estimator epoch at a higher learning rate, 8 evidence chunks
+# per query for MCompassRAG's teacher to rate.
 DEMO_CONFIG = {"ops": {
     "bm25_pools": {"config": {"mode": "given"}},
     "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
     "coverage_biencoder": {"config": {"max_length": 128}},
+    "mcompass_teacher": {"config": {"positives": 8}},
 }}
 
 
@@ -127,6 +129,9 @@ def summarize(result, seconds: float) -> str:
         if "headroom" in mat.metadata:
             lines += [f"{mat.asset_key.to_user_string()} [{mat.partition}] (method x token budget):",
                       mat.metadata["summary"].value]
+        if mat.asset_key.to_user_string() == "retrieval_report":
+            lines += [f"retrieval_report [{mat.partition}] (whole-corpus retrieval, evidence within the token "
+                      "budget):", mat.metadata["summary"].value]
     home = covlab_home()
     lines += [f"stored under {home}: tables in storage/, indexes, weights and report CSVs in artifacts/, the "
               "Dagster instance in dagster/, MLflow in mlflow/, report figures in results/results.db",

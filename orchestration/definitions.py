@@ -15,6 +15,7 @@ from covlab.assets.coverage import (coverage_biencoder, coverage_estimator, cove
                                     estimated_coverage_matrix, estimated_gold_coverage_matrix, pool_scores,
                                     subquestions)
 from covlab.assets.ingest import dataset_tables
+from covlab.assets.mcompass import MCOMPASS_ASSETS, MCOMPASS_CHECKS
 from covlab.assets.partitions import DATASETS
 from covlab.assets.pools import bm25_index, bm25_pools
 from covlab.assets.report import coverage_report
@@ -34,8 +35,8 @@ from covlab.resources.tracking import TrackingResource
 ASSETS = [dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
           coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
           *SELECTION_ASSETS, coverage_report, item_embeddings, token_counts, lmvu_ranker,
-          *BUDGETED_SELECTION_ASSETS, comparison_report, answers, answer_report,
-          *ESTIMATOR_CHECKS]  # checks ride along, so that every materialization of the estimator runs them
+          *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
+          *ESTIMATOR_CHECKS, *MCOMPASS_CHECKS]  # checks ride along: every materialization of their asset runs them
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
                              description="Every asset of one dataset partition (what `make demo` runs on demo).")

@@ -11,7 +11,8 @@ from covlab.orchestration.definitions import ASSETS, defs
 from covlab.resources.device import GPU_POOL, gpu_step
 
 HEAVY = {"coverage_estimator", "coverage_biencoder", "pool_scores", "estimated_coverage_matrix",
-         "estimated_gold_coverage_matrix", "item_embeddings"}
+         "estimated_gold_coverage_matrix", "item_embeddings", "topic_metadata_bank", "mcompass_teacher",
+         "mcompass_student", "mcompass_retrieval"}
 
 
 def _node(key: str):
@@ -59,7 +60,8 @@ def test_shipped_run_configs_are_valid_for_the_asset_job():
     job = defs.resolve_implicit_global_asset_job_def()
     configs = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
     assert [p.name for p in configs] == ["argkp_bm25.yaml", "argkp_budgeted.yaml", "argkp_given.yaml", "argkp_matcher.yaml",
-                                      "longdoc.yaml", "perspectrum_budgeted.yaml"]
+                                      "argkp_mcompass.yaml", "longdoc.yaml", "perspectrum_budgeted.yaml",
+                                      "perspectrum_mcompass.yaml"]
     assets = {key.to_python_identifier() for assets_def in ASSETS for key in assets_def.keys}
     for path in configs:
         config = yaml.safe_load(path.read_text())

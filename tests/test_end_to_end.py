@@ -38,13 +38,15 @@ def test_make_demo_builds_every_asset_and_prints_the_summary(demo_home):
                 "subquestions", "coverage_judgments", "coverage_estimator", "coverage_biencoder", "pool_scores",
                 "estimated_coverage_matrix", "selection_coverage_greedy", "selection_oracle_greedy", "coverage_report",
                 "item_embeddings", "token_counts", "lmvu_ranker", "budgeted_lmvu", "budgeted_oracle_rvc1",
-                "comparison_report"):
+                "comparison_report", "chunks", "chunk_links", "chunk_index", "topic_metadata_bank",
+                "mcompass_teacher", "mcompass_student", "mcompass_retrieval", "retrieval_report"):
         assert f"  {key} " in out, key
     assert "FAILED" not in out
     assert "skipped (no LLM configured" in out and "answers" in out
     for row in ("relevance", "+ coverage training", "+ estimator and greedy", "gold nuggets", "oracle greedy"):
         assert row in out, row
     assert "comparison_report [demo] (method x token budget):" in out
+    assert "retrieval_report [demo] (whole-corpus retrieval" in out and "| mcompass_no_selector " in out
     for method in ("('lmvu', 128)", "('mmr', 256)", "('oracle_rvc2', 32)"):
         assert method in out, method
     assert (home / "storage" / "coverage_report" / "demo.parquet").exists()

@@ -27,6 +27,8 @@ def tiny_config(model: str) -> dict:
         "pool_scores": {"config": {"relevance_model": model, "max_length": 96}},
         "item_embeddings": {"config": {"model": model, "max_length": 96}},
         "lmvu_ranker": {"config": {"states_per_query": 4}},
+        "topic_metadata_bank": {"config": {"model": model, "max_length": 96}},
+        "mcompass_student": {"config": {"epochs": 2}},
     }}
 
 
@@ -106,6 +108,40 @@ def test_budgeted_comparison_on_demo_fits_every_budget_and_reports_every_method(
 
 
 @pytest.mark.slow
+def test_mcompass_bank_student_and_retrieval_report(built):
+    """MCompassRAG on demo: one chunk per item, the capped bank, the estimator teacher, a registered student,
+    every method ranking the whole corpus, and the report's figures in the results store."""
+    import numpy as np
+
+    from covlab.models.topics import TopicBank
+
+    home, result = built["home"], built["result"]
+    chunks, corpus = _stored(home, "chunks"), _stored(home, "corpus")
+    assert (chunks["chunk_id"] == chunks["doc_id"]).all() and set(chunks["doc_id"]) == set(corpus["doc_id"])
+    bank_value = json.loads((home / "storage" / "topic_metadata_bank" / "demo.json").read_text())
+    bank = TopicBank.load(bank_value["path"])
+    assert bank.centroids.shape[0] == len(chunks) // 10 and bank.content_hash() == bank_value["content_hash"]
+    np.testing.assert_allclose(bank.theta.sum(axis=1), 1, atol=1e-5)
+    teacher = _stored(home, "mcompass_teacher")
+    taught = teacher["kind"].isin(["positive", "hard"])
+    assert teacher.loc[taught, "teacher_logit"].notna().all() and teacher.loc[~taught, "teacher_logit"].isna().all()
+    assert default_resources(home)["tracking"].versions("covlab.demo.mcompass_student")
+    runs = _stored(home, "mcompass_retrieval")
+    assert set(runs["method"]) == {"mcompass", "mcompass_no_selector", "mcompass_mean_pool", "dense", "bm25"}
+    depth = runs.groupby(["method", "query_id"])["chunk_id"].nunique()
+    assert depth.drop(index="bm25").eq(100).all() and depth["bm25"].le(100).all()  # BM25: only matching chunks
+    figures = default_resources(home)["results"].figures(dataset="demo", method="mcompass", metric="IE")
+    per_query = figures[figures["query_id"].notna()]
+    assert len(per_query) == 3 and per_query["value"].between(0, 1).all()  # the 3 demo test queries
+    report = _stored(home, "retrieval_report").pivot_table(index=["method", "query_id"], columns="metric",
+                                                           values="value")
+    np.testing.assert_allclose(report["IE"], report[["IE@1", "IE@3", "IE@5"]].mean(axis=1))
+    np.testing.assert_allclose(report["IE@3"], report["P@3"] * report["R@3"])
+    event = result.asset_materializations_for_node("retrieval_report")[0]
+    assert "| mcompass_no_selector" in event.metadata["summary"].value
+
+
+@pytest.mark.slow
 def test_oracle_greedy_strecall_is_never_beaten(built):
     report = _stored(built["home"], "coverage_report")
     strecall = report[report["metric"] == "strecall@10"].pivot_table(index="query_id", columns="method",
@@ -174,7 +210,7 @@ def test_a_near_chance_estimator_warns_and_every_selection_on_it_keeps_the_fallb
 def test_nightly_reruns_only_the_report_when_nothing_changed_then_only_a_changed_selector(built):
     instance = built["instance"]
     graph = Definitions(assets=ASSETS, resources=default_resources(built["home"])).resolve_asset_graph()
-    reports = [AssetKey("comparison_report"), AssetKey("coverage_report")]
+    reports = [AssetKey("comparison_report"), AssetKey("coverage_report"), AssetKey("retrieval_report")]
     assert evaluation_selection(instance, graph, "demo") == reports
     from covlab.assets.selections import METHODS, selection_asset
 
@@ -196,7 +232,8 @@ def test_candidate_sensor_requests_an_evaluation_once_per_new_candidate(built):
                                    resources={"tracking": default_resources(built["home"])["tracking"]})
     requests = sensor(context)
     assert [r.partition_key for r in requests] == ["demo"]
-    assert requests[0].asset_selection == [AssetKey("comparison_report"), AssetKey("coverage_report")]
+    assert requests[0].asset_selection == [AssetKey("comparison_report"), AssetKey("coverage_report"),
+                                           AssetKey("retrieval_report")]
     assert "covlab.demo.coverage_estimator v1" in requests[0].tags["covlab/candidates"]
     again = build_sensor_context(instance=built["instance"], definitions=defs, cursor=context.cursor,
                                  resources={"tracking": default_resources(built["home"])["tracking"]})

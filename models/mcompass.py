@@ -1,0 +1,495 @@
+"""MCompassRAG's distilled student retriever (METHODS.md §4): a query-dependent selector over the topic
+metadata bank, an abstraction of the selected topic distributions into the query's topic vector, and an MLP
+scorer on [r_q ; r_c], trained on (query, chunk) pairs with (1 - a) BCE + a tau^2 KL against a teacher logit.
+
+Shapes: d the encoder's dimension, K topics, N bank entries (the corpus' chunks), L the selector's top-L.
+- Selector [query-dependent, as METHODS.md asks]: s_i = m_i . (W e_q) + v . m_i + b over every bank entry i,
+  a bilinear head, so two queries rank the bank differently (the official single affine head does not);
+  the top-L entries are kept and softmax-weighted.
+- Abstraction: `transformer` encodes the L selected distributions (no positional encoding: the selection is a
+  set) and pools them with the selector's weights; its output corrects the weighted mean of the selected
+  distributions in log space and starts at zero, so training begins from `mean`, the other setting. Without
+  the selector (an ablation) theta_q is the topic model's own distribution of e_q, softmax(cos(e_q, T) / 0.05).
+- Scorer: Linear(2d + 2d + 2 -> 1024) -> GELU -> dropout -> 1024 -> 256 -> GELU -> dropout -> 1 on
+  [r_q ; r_c ; e_q . e_c ; g_q . g_c]. The two dot products are a [chosen extension] of the paper's [r_q ; r_c]:
+  an MLP on a concatenation has to learn a similarity from a few thousand pairs (on the synthetic topic task
+  of tests/test_mcompass.py it ranked unseen queries' evidence at precision@10 0.5 where cosine reaches 0.9);
+  given the similarities, and e_q . e_c also straight to the logit (SKIP_INIT), an untrained student ranks close
+  to dense cosine (the MLP's initial output is small beside 10 x cosine) and training moves it from there. They are functions of [r_q ; r_c], so zeroing the topic part
+  still leaves a dense scorer over [e_q ; e_c]. The first layer is held as a query part, a chunk part and the two
+  similarity columns (the same linear map on the concatenation), so ranking the whole corpus computes the
+  chunk part once per model and per query only N dot products, not an N x 4d product.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from covlab.models import prompts
+from covlab.models.encoders import seeded
+from covlab.models.topics import TopicBank, topic_vectors
+
+WEIGHTS_FILE = "student.safetensors"
+SETTINGS_FILE = "student.json"
+KIND = "mcompass-student"
+TEACHER_LOGIT_CLIP = 10.0  # |logit| of a teacher probability: p = 1 would otherwise be infinite
+SKIP_INIT = 10.0  # initial weight of e_q . e_c straight to the logit: an untrained student ranks near dense cosine
+
+
+@dataclass(frozen=True)
+class StudentSettings:
+    """The student's architecture; defaults from METHODS.md §4 (L = 50, M = 10, scorer 1024 -> 256)."""
+    selector: bool = True
+    abstraction: Literal["transformer", "mean"] = "transformer"
+    top_l: int = 50
+    top_m: int = 10
+    temperature: float = 0.05
+    abstraction_dim: int = 128
+    abstraction_heads: int = 4
+    abstraction_layers: int = 1
+    hidden: tuple[int, int] = (1024, 256)
+    dropout: float = 0.1
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """AdamW on the distillation loss; `alpha` and `tau` as METHODS.md §4 (0.5, 1.0)."""
+    epochs: int = 8
+    batch_size: int = 256
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.01
+    alpha: float = 0.5
+    tau: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class BankTensors:
+    """The bank's arrays as tensors on one device: e_c, T, theta_c, m_c = theta_c T and g_c (top-M)."""
+    embeddings: torch.Tensor
+    centroids: torch.Tensor
+    theta: torch.Tensor
+    mixed: torch.Tensor
+    topics: torch.Tensor
+
+    @classmethod
+    def of(cls, bank: TopicBank, device: torch.device, top_m: int) -> BankTensors:
+        tensor = lambda a: torch.tensor(np.asarray(a, dtype=np.float32), device=device)  # noqa: E731
+        theta, centroids = tensor(bank.theta), tensor(bank.centroids)
+        return cls(embeddings=tensor(bank.embeddings), centroids=centroids, theta=theta, mixed=theta @ centroids,
+                   topics=topic_vectors(theta, centroids, top_m))
+
+
+class MCompassStudent(nn.Module):
+    """The student (module docstring). `dimension` is d, `topics` is K."""
+
+    def __init__(self, dimension: int, topics: int, settings: StudentSettings = StudentSettings()):
+        super().__init__()
+        self.settings, self.dimension, self.n_topics = settings, dimension, topics
+        self.select_bilinear = nn.Linear(dimension, dimension, bias=False)
+        self.select_linear = nn.Linear(dimension, 1)
+        if settings.abstraction == "transformer":
+            width = settings.abstraction_dim
+            self.abstract_in = nn.Linear(topics, width)
+            layer = nn.TransformerEncoderLayer(width, settings.abstraction_heads, 2 * width, settings.dropout,
+                                               activation="gelu", batch_first=True)
+            self.abstract = nn.TransformerEncoder(layer, settings.abstraction_layers, enable_nested_tensor=False)
+            self.abstract_out = nn.Linear(width, topics)
+            nn.init.zeros_(self.abstract_out.weight)
+            nn.init.zeros_(self.abstract_out.bias)
+        first, second = settings.hidden
+        self.query_layer = nn.Linear(2 * dimension, first)
+        self.chunk_layer = nn.Linear(2 * dimension, first, bias=False)
+        self.similarity_layer = nn.Linear(2, first, bias=False)
+        self.similarity_skip = nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            self.similarity_skip.weight.copy_(torch.tensor([[SKIP_INIT, 0.0]]))
+        self.head = nn.Sequential(nn.GELU(), nn.Dropout(settings.dropout), nn.Linear(first, second), nn.GELU(),
+                                  nn.Dropout(settings.dropout), nn.Linear(second, 1))
+
+    def query_theta(self, query_vectors: torch.Tensor, bank: BankTensors) -> torch.Tensor:
+        """theta_q (B x K) of unit query embeddings (B x d)."""
+        s = self.settings
+        if not s.selector:
+            return torch.softmax(query_vectors @ bank.centroids.T / s.temperature, dim=-1)
+        scores = self.select_bilinear(query_vectors) @ bank.mixed.T + self.select_linear(bank.mixed).T
+        top, index = scores.topk(min(s.top_l, scores.shape[1]), dim=1)
+        weights = torch.softmax(top, dim=1).unsqueeze(-1)
+        selected = bank.theta[index]
+        mean = (weights * selected).sum(dim=1)
+        if s.abstraction == "mean":
+            return mean
+        pooled = (weights * self.abstract(self.abstract_in(selected))).sum(dim=1)
+        return torch.softmax(torch.log(mean.clamp_min(1e-12)) + self.abstract_out(pooled), dim=-1)
+
+    def query_representation(self, query_vectors: torch.Tensor, bank: BankTensors) -> torch.Tensor:
+        """r_q = [e_q ; g_q] (B x 2d)."""
+        g = topic_vectors(self.query_theta(query_vectors, bank), bank.centroids, self.settings.top_m)
+        return torch.cat([query_vectors, g], dim=-1)
+
+    def chunk_representation(self, bank: BankTensors, chunks: torch.Tensor | None = None) -> torch.Tensor:
+        """r_c = [e_c ; g_c] of `chunks` (indices) or of every bank chunk."""
+        e, g = (bank.embeddings, bank.topics) if chunks is None else (bank.embeddings[chunks], bank.topics[chunks])
+        return torch.cat([e, g], dim=-1)
+
+    def _similarities(self, r_q: torch.Tensor, r_c: torch.Tensor, every: bool = False) -> torch.Tensor:
+        """(e_q . e_c, g_q . g_c) of aligned pairs (r_q, r_c: P x 2d -> P x 2), or with `every` of every query
+        against every chunk (r_q: B x 2d, r_c: N x 2d -> B x N x 2)."""
+        d = self.dimension
+        if every:
+            return torch.stack([r_q[:, :d] @ r_c[:, :d].T, r_q[:, d:] @ r_c[:, d:].T], dim=-1)
+        return torch.stack([(r_q[:, :d] * r_c[:, :d]).sum(-1), (r_q[:, d:] * r_c[:, d:]).sum(-1)], dim=-1)
+
+    def forward(self, query_vectors: torch.Tensor, pair_query: torch.Tensor, pair_chunk: torch.Tensor,
+                bank: BankTensors) -> torch.Tensor:
+        """Logits of pairs (query_vectors[pair_query[j]], bank chunk pair_chunk[j])."""
+        r_q = self.query_representation(query_vectors, bank)[pair_query]
+        r_c = self.chunk_representation(bank, pair_chunk)
+        similarities = self._similarities(r_q, r_c)
+        hidden = self.query_layer(r_q) + self.chunk_layer(r_c) + self.similarity_layer(similarities)
+        return (self.head(hidden) + self.similarity_skip(similarities)).squeeze(-1)
+
+    @torch.no_grad()
+    def score_corpus(self, query_vectors: torch.Tensor, bank: BankTensors,
+                     chunk_hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of every bank chunk for each query (B x N); `chunk_hidden` (the chunk part of the first
+        layer, `self.chunk_layer(self.chunk_representation(bank))`) can be reused across calls."""
+        r_c = self.chunk_representation(bank)
+        chunk_hidden = self.chunk_layer(r_c) if chunk_hidden is None else chunk_hidden
+        r_q = self.query_representation(query_vectors, bank)
+        similarities = self._similarities(r_q, r_c, every=True)
+        # one B x N x 1024 tensor, the other two parts added in place: this layer is the costliest allocation
+        hidden = self.similarity_layer(similarities)
+        hidden.add_(chunk_hidden.unsqueeze(0)).add_(self.query_layer(r_q).unsqueeze(1))
+        return (self.head(hidden) + self.similarity_skip(similarities)).squeeze(-1)
+
+
+def distillation_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor, alpha: float,
+                      tau: float) -> torch.Tensor:
+    """(1 - a) BCE(sigmoid(z), y) + a tau^2 KL(Bern(sigmoid(z_t / tau)) || Bern(sigmoid(z / tau))), the KL
+    averaged over the pairs that have a teacher logit (NaN: none); without any, the BCE term alone."""
+    loss = (1 - alpha) * F.binary_cross_entropy_with_logits(logits, labels)
+    taught = ~torch.isnan(teacher)
+    if alpha == 0 or not bool(taught.any()):
+        return loss
+    z, z_t = logits[taught] / tau, teacher[taught] / tau
+    p = torch.sigmoid(z_t)
+    kl = p * (F.logsigmoid(z_t) - F.logsigmoid(z)) + (1 - p) * (F.logsigmoid(-z_t) - F.logsigmoid(-z))
+    return loss + alpha * tau ** 2 * kl.mean()
+
+
+def probability_logit(p: np.ndarray) -> np.ndarray:
+    """A teacher probability as a logit, clipped to +-TEACHER_LOGIT_CLIP."""
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
+    return np.clip(np.log(p / (1 - p)), -TEACHER_LOGIT_CLIP, TEACHER_LOGIT_CLIP)
+
+
+def rating_logit(ratings: np.ndarray) -> np.ndarray:
+    """An LLM's 0-5 rating as a logit: the probability (r + 0.5) / 6 (0 -> 0.08, 5 -> 0.92), never certain,
+    because one judgment of a chunk is not."""
+    return probability_logit((np.asarray(ratings, dtype=np.float64) + 0.5) / 6)
+
+
+def expanded_query(text: str, subquestions: Sequence[str]) -> str:
+    """The query a teacher judges (METHODS.md §4 "expanded query"): the question and its subquestions."""
+    return "\n".join([text, *(f"- {s}" for s in subquestions)])
+
+
+TAUGHT_KINDS = ("positive", "hard")  # random negatives are unrelated chunks: their label needs no teacher
+
+
+def estimator_teacher(pairs: pd.DataFrame, query_text: dict[str, str], subquestions: dict[str, list[str]],
+                      chunk_text: dict[str, str], score: Callable[[list[tuple[str, str]]], np.ndarray]) -> np.ndarray:
+    """Teacher logits of (query_id, chunk_id) pairs from the coverage estimator (`score`: (subquestion, text)
+    pairs -> coverage probabilities): the chunk's highest coverage probability over the query's subquestions
+    (the query itself when it has none), as a logit. One estimator call for all pairs."""
+    if pairs.empty:
+        return np.zeros(0)
+    asked = [(q, c, s) for q, c in pairs[["query_id", "chunk_id"]].itertuples(index=False)
+             for s in (subquestions.get(q) or [query_text[q]])]
+    probabilities = np.asarray(score([(s, chunk_text[c]) for _, c, s in asked]), dtype=np.float64)
+    best = pd.Series(probabilities).groupby(pd.MultiIndex.from_tuples([(q, c) for q, c, _ in asked])).max()
+    keys = pd.MultiIndex.from_frame(pairs[["query_id", "chunk_id"]])
+    return probability_logit(best.reindex(keys).to_numpy())
+
+
+def llm_teacher(pairs: pd.DataFrame, query_text: dict[str, str], subquestions: dict[str, list[str]],
+                chunk_text: dict[str, str], rate: Callable[[list[list[dict]]], Sequence[int]]) -> np.ndarray:
+    """Teacher logits of (query_id, chunk_id) pairs from an LLM: `rate` answers the CRUX judge prompt
+    (models/prompts.judge) of each pair's expanded query against its chunk with a 0-5 rating (the LLM
+    resource's chat_json_many with parse_rating: cached and retried), mapped by rating_logit."""
+    messages = [prompts.judge(expanded_query(query_text[q], subquestions.get(q, [])), chunk_text[c])
+                for q, c in pairs[["query_id", "chunk_id"]].itertuples(index=False)]
+    return rating_logit(np.asarray(rate(messages), dtype=np.float64)) if messages else np.zeros(0)
+
+
+def teacher_logits(pairs: pd.DataFrame, query_text: dict[str, str], subquestions: dict[str, list[str]],
+                   chunk_text: dict[str, str], score: Callable | None = None, rate: Callable | None = None
+                   ) -> np.ndarray:
+    """The teacher_logit column of `pairs`: from the estimator (`score`, see estimator_teacher) or the LLM
+    (`rate`, see llm_teacher) for the TAUGHT_KINDS, NaN for random negatives and without a teacher (gold)."""
+    logits = np.full(len(pairs), np.nan)
+    taught = pairs["kind"].isin(TAUGHT_KINDS).to_numpy()
+    if score is not None:
+        logits[taught] = estimator_teacher(pairs[taught], query_text, subquestions, chunk_text, score)
+    elif rate is not None:
+        logits[taught] = llm_teacher(pairs[taught], query_text, subquestions, chunk_text, rate)
+    return logits
+
+
+def teacher_agreement(pairs: pd.DataFrame) -> dict[str, float]:
+    """Mean teacher probability of the evidence pairs ("positive") and of the negatives ("negative"): how far
+    the teacher agrees with the gold labels; empty without teacher logits."""
+    taught = pairs[pairs["teacher_logit"].notna()]
+    probability = 1 / (1 + np.exp(-taught["teacher_logit"].to_numpy(np.float64)))
+    return {name: float(probability[(taught["label"] == label).to_numpy()].mean())
+            for name, label in (("positive", 1.0), ("negative", 0.0)) if (taught["label"] == label).any()}
+
+
+@dataclass(frozen=True)
+class PairSettings:
+    """How training pairs are drawn per query: up to `positives` evidence chunks, and per positive
+    `random_negatives` chunks drawn from the corpus and `hard_negatives` from the BM25 ranking, never evidence."""
+    positives: int = 32
+    random_negatives: int = 2
+    hard_negatives: int = 2
+    seed: int = 0
+
+
+def sample_pairs(query_ids: list[str], evidence: dict[str, set[str]], bm25_ranking: dict[str, list[str]],
+                 chunk_ids: list[str], settings: PairSettings) -> pd.DataFrame:
+    """(query_id, chunk_id, label, kind) training pairs of the queries that have evidence, label 1 for
+    evidence (kind `positive`). Hard negatives (`hard`) are the highest-ranked BM25 chunks that are not
+    evidence, taken in rank order; random ones (`random`) are drawn uniformly among the remaining chunks.
+    Deterministic for a seed and independent of the order of `chunk_ids` (chunks are drawn from the sorted ids)."""
+    rng = np.random.default_rng(settings.seed)
+    pool = np.array(sorted(chunk_ids), dtype=object)
+    rows = []
+    for query_id in sorted(query_ids):
+        positives = sorted(evidence.get(query_id, ()))
+        if not positives:
+            continue
+        if len(positives) > settings.positives:
+            positives = sorted(rng.choice(positives, settings.positives, replace=False).tolist())
+        taken = set(evidence[query_id])
+        hard = [c for c in bm25_ranking.get(query_id, []) if c not in taken][:settings.hard_negatives * len(positives)]
+        taken |= set(hard)
+        free = pool[~np.isin(pool, list(taken))]
+        count = min(settings.random_negatives * len(positives), len(free))
+        drawn = rng.choice(free, count, replace=False).tolist() if count else []
+        rows += ([(query_id, c, 1.0, "positive") for c in positives] + [(query_id, c, 0.0, "hard") for c in hard]
+                 + [(query_id, c, 0.0, "random") for c in drawn])
+    return pd.DataFrame(rows, columns=["query_id", "chunk_id", "label", "kind"])
+
+
+@dataclass
+class TrainedStudent:
+    """A trained student and what its training measured: mean training loss per epoch, mean loss on the
+    held-out pairs per epoch (empty without them) and the epoch whose weights were kept (1-based)."""
+    model: MCompassStudent
+    epoch_losses: list[float] = field(default_factory=list)
+    dev_losses: list[float] = field(default_factory=list)
+    kept_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class _PairTensors:
+    """Pairs as index and label tensors: the query of each pair indexes `queries`, its chunk the bank."""
+    queries: torch.Tensor
+    query_index: np.ndarray
+    chunk_index: np.ndarray
+    labels: torch.Tensor
+    teacher: torch.Tensor
+
+    @classmethod
+    def of(cls, pairs: pd.DataFrame, bank: TopicBank, query_vectors: dict[str, np.ndarray], device: torch.device):
+        position = {c: i for i, c in enumerate(bank.chunk_ids)}
+        unknown = sorted(set(pairs["chunk_id"]) - set(position))
+        if unknown:
+            raise ValueError(f"training pairs name chunks outside the bank, e.g. {unknown[:3]}")
+        queries = sorted(set(pairs["query_id"]))
+        missing = [q for q in queries if q not in query_vectors]
+        if missing:
+            raise ValueError(f"no query embedding for training queries {missing[:3]}")
+        teacher = pairs["teacher_logit"] if "teacher_logit" in pairs else pd.Series(np.nan, index=pairs.index)
+        return cls(torch.as_tensor(np.stack([query_vectors[q] for q in queries]).astype(np.float32), device=device),
+                   pairs["query_id"].map({q: i for i, q in enumerate(queries)}).to_numpy(),
+                   pairs["chunk_id"].map(position).to_numpy(),
+                   torch.as_tensor(pairs["label"].to_numpy(np.float32), device=device),
+                   torch.as_tensor(teacher.to_numpy(np.float32), device=device))
+
+    def loss(self, model: MCompassStudent, bank: BankTensors, batch: np.ndarray, training: TrainingSettings):
+        device = self.labels.device
+        used, local = np.unique(self.query_index[batch], return_inverse=True)
+        logits = model(self.queries[torch.as_tensor(used, device=device)], torch.as_tensor(local, device=device),
+                       torch.as_tensor(self.chunk_index[batch], device=device), bank)
+        rows = torch.as_tensor(batch, device=device)
+        return distillation_loss(logits, self.labels[rows], self.teacher[rows], training.alpha, training.tau)
+
+
+def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: pd.DataFrame,
+                  settings: StudentSettings = StudentSettings(), training: TrainingSettings = TrainingSettings(),
+                  device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
+                  dev_pairs: pd.DataFrame | None = None) -> TrainedStudent:
+    """Train a student on `pairs` (query_id, chunk_id, label, teacher_logit: NaN where no teacher). With
+    `dev_pairs` (other queries' pairs) the weights of the epoch with the lowest held-out loss are kept, else
+    the last epoch's: a few dozen training queries are memorised within a few epochs. The same seed and
+    inputs give identical weights on CPU (`seeded`)."""
+    if pairs.empty:
+        raise ValueError("no training pairs: none of the training queries has evidence chunks")
+    tensors = BankTensors.of(bank, device, settings.top_m)
+    train = _PairTensors.of(pairs, bank, query_vectors, device)
+    dev = _PairTensors.of(dev_pairs, bank, query_vectors, device) if dev_pairs is not None and len(dev_pairs) else None
+    with seeded(training.seed, device) as generator:
+        model = MCompassStudent(bank.embeddings.shape[1], bank.centroids.shape[0], settings).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate,
+                                      weight_decay=training.weight_decay)
+        trained, best = TrainedStudent(model), None
+        for epoch in range(training.epochs):
+            model.train()
+            order = torch.randperm(len(pairs), generator=generator).numpy()
+            total = 0.0
+            for start in range(0, len(order), training.batch_size):
+                batch = order[start:start + training.batch_size]
+                loss = train.loss(model, tensors, batch, training)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * len(batch)
+            trained.epoch_losses.append(total / len(order))
+            message = f"student epoch {epoch + 1}/{training.epochs}: loss {trained.epoch_losses[-1]:.4f}"
+            if dev is not None:
+                model.eval()
+                with torch.no_grad():
+                    trained.dev_losses.append(dev.loss(model, tensors, np.arange(len(dev.labels)), training).item())
+                message += f", held-out loss {trained.dev_losses[-1]:.4f}"
+                if best is None or trained.dev_losses[-1] < min(trained.dev_losses[:-1]):
+                    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                    trained.kept_epoch = epoch + 1
+            if progress:
+                progress(message)
+    if best is not None:
+        model.load_state_dict(best)
+    else:
+        trained.kept_epoch = training.epochs
+    model.eval()
+    return trained
+
+
+def retrieve(model: MCompassStudent, bank: TopicBank, query_vectors: np.ndarray, k: int,
+             device: torch.device = torch.device("cpu"), query_batch: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k bank chunks (indices, logits; Q x k, ties by lower index) of every query over the whole bank.
+    Peak memory is query_batch x N x 1024 floats, whatever the number of queries."""
+    from covlab.models.retrieval import top_k
+
+    model.eval()
+    tensors = BankTensors.of(bank, device, model.settings.top_m)
+    with torch.no_grad():
+        chunk_hidden = model.chunk_layer(model.chunk_representation(tensors))
+        found = []
+        for start in range(0, len(query_vectors), query_batch):
+            batch = torch.as_tensor(np.asarray(query_vectors[start:start + query_batch], dtype=np.float32),
+                                    device=device)
+            found.append(top_k(model.score_corpus(batch, tensors, chunk_hidden).cpu().numpy(), k))
+    if not found:
+        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+    return np.concatenate([i for i, _ in found]), np.concatenate([s for _, s in found])
+
+
+def save_student(model: MCompassStudent, directory: str | Path, info: dict) -> Path:
+    """Weights (safetensors) and settings (JSON, with `info`: bank hash, training settings) into `directory`."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(directory / WEIGHTS_FILE))
+    (directory / SETTINGS_FILE).write_text(json.dumps(
+        {"kind": KIND, "dimension": model.dimension, "topics": model.n_topics, "settings": asdict(model.settings),
+         **info}, indent=2, sort_keys=True))
+    return directory
+
+
+def load_student(directory: str | Path, device: torch.device = torch.device("cpu")) -> tuple[MCompassStudent, dict]:
+    """A saved student in eval mode, and its settings file."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    saved = json.loads((directory / SETTINGS_FILE).read_text())
+    if saved.get("kind") != KIND:
+        raise ValueError(f"{directory}: not an MCompassRAG student (kind {saved.get('kind')!r})")
+    settings = StudentSettings(**{**saved["settings"], "hidden": tuple(saved["settings"]["hidden"])})
+    model = MCompassStudent(saved["dimension"], saved["topics"], settings)
+    model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(device)))
+    return model.to(device).eval(), saved
+
+
+def student_variants(settings: StudentSettings) -> dict[str, StudentSettings]:
+    """The student and its ablations (METHODS.md §4), by method name: without the selector (theta_q from the
+    topic model alone) and without the abstraction (mean pooling of the selected distributions)."""
+    return {"mcompass": settings, "mcompass_no_selector": replace(settings, selector=False),
+            "mcompass_mean_pool": replace(settings, abstraction="mean")}
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Students train on the pairs of `train`, keep the epoch with the lowest loss on `dev`'s pairs, and
+    retrieve for `evaluated`."""
+    train: tuple[str, ...]
+    dev: tuple[str, ...]
+    evaluated: tuple[str, ...]
+
+
+def evaluation_folds(queries: pd.DataFrame, protocol: str, splits: Sequence[str], tune_split: str = "dev",
+                     fold_of: dict[str, int] | None = None) -> list[Fold]:
+    """split: one fold, train split -> the queries of `splits`, early stopping on `tune_split`; grouped_cv: per
+    topic-grouped fold f (`fold_of`, from models/comparison.topic_folds) the queries of fold f are evaluated,
+    fold f + 1 (cyclically) is the dev fold and the rest train, so every query is evaluated once by a student
+    that saw neither its topic nor, for early stopping, the dev topics in training."""
+    if protocol == "split":
+        of = lambda chosen: tuple(sorted(queries.loc[queries["split"].isin(chosen), "query_id"]))  # noqa: E731
+        return [Fold(of(["train"]), of([tune_split]), of(list(splits)))]
+    if protocol != "grouped_cv" or fold_of is None:
+        raise ValueError(f"unknown protocol {protocol!r} (or grouped_cv without folds); expected 'split' or "
+                         "'grouped_cv'")
+    numbers = sorted(set(fold_of.values()))
+    members = lambda fold: tuple(sorted(q for q, f in fold_of.items() if f == fold))  # noqa: E731
+    return [Fold(tuple(sorted(q for q, f in fold_of.items() if f not in (fold, numbers[(i + 1) % len(numbers)]))),
+                 members(numbers[(i + 1) % len(numbers)]), members(fold)) for i, fold in enumerate(numbers)]
+
+
+def student_runs(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: pd.DataFrame, folds: list[Fold],
+                 variants: dict[str, StudentSettings], training: TrainingSettings, depth: int,
+                 device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
+                 trained: dict[str, MCompassStudent] | None = None) -> pd.DataFrame:
+    """RETRIEVAL_RUN rows (top-`depth` over the whole bank) of every variant for every fold's evaluated
+    queries, each variant trained on the fold's training pairs; `trained` supplies an already trained model
+    for a variant (the registered student under the split protocol) instead of training it again."""
+    from covlab.models.retrieval import run_table
+
+    runs = []
+    for number, fold in enumerate(folds):
+        fold_pairs, dev_pairs = pairs[pairs["query_id"].isin(fold.train)], pairs[pairs["query_id"].isin(fold.dev)]
+        evaluated = [q for q in fold.evaluated if q in query_vectors]
+        if not evaluated:
+            continue
+        vectors = np.stack([query_vectors[q] for q in evaluated])
+        for method, settings in variants.items():
+            model = (trained or {}).get(method)
+            if model is None:
+                if progress:
+                    progress(f"fold {number + 1}/{len(folds)}: training {method} on {len(fold_pairs)} pairs")
+                model = train_student(bank, query_vectors, fold_pairs, settings, training, device,
+                                      dev_pairs=dev_pairs).model
+            index, scores = retrieve(model, bank, vectors, min(depth, len(bank.chunk_ids)), device)
+            runs.append(run_table(method, evaluated, index, scores, bank.chunk_ids))
+    return pd.concat(runs, ignore_index=True) if runs else pd.DataFrame()
