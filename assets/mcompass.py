@@ -19,7 +19,7 @@ from covlab.assets.partitions import DATASETS
 from covlab.models import prompts
 from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, tiling_problems
 from covlab.models.comparison import markdown, topic_folds
-from covlab.models.coverage import document_texts, load_estimator_scorer, load_first_stage
+from covlab.models.coverage import load_estimator_scorer, load_first_stage
 from covlab.models.dataset import content_hash
 from covlab.models.encoders import default_base_model
 from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, load_student,

@@ -15,8 +15,9 @@ Shapes: d the encoder's dimension, K topics, N bank entries (the corpus' chunks)
   an MLP on a concatenation has to learn a similarity from a few thousand pairs (on the synthetic topic task
   of tests/test_mcompass.py it ranked unseen queries' evidence at precision@10 0.5 where cosine reaches 0.9);
   given the similarities, and e_q . e_c also straight to the logit (SKIP_INIT), an untrained student ranks close
-  to dense cosine (the MLP's initial output is small beside 10 x cosine) and training moves it from there. They are functions of [r_q ; r_c], so zeroing the topic part
-  still leaves a dense scorer over [e_q ; e_c]. The first layer is held as a query part, a chunk part and the two
+  to dense cosine (the MLP's initial output is small beside 10 x cosine) and training moves it from there.
+  The similarities are functions of [r_q ; r_c], so zeroing the topic part still leaves a dense scorer over
+  [e_q ; e_c]. The first layer is held as a query part, a chunk part and the two
   similarity columns (the same linear map on the concatenation), so ranking the whole corpus computes the
   chunk part once per model and per query only N dot products, not an N x 4d product.
 """
