@@ -22,9 +22,9 @@ from covlab.models.comparison import markdown, topic_folds
 from covlab.models.coverage import load_estimator_scorer, load_first_stage
 from covlab.models.dataset import content_hash
 from covlab.models.encoders import default_base_model
-from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, load_student,
-                                    sample_pairs, save_student, student_runs, student_variants, teacher_agreement,
-                                    teacher_logits, train_student)
+from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, heldout_ie,
+                                    load_student, sample_pairs, save_student, student_runs, student_variants,
+                                    teacher_agreement, teacher_logits, train_student)
 from covlab.models.retrieval import dense_top_k, evidence_metrics, ranking_problems, retrieval_summary, run_table
 from covlab.models.schemas import CORPUS
 from covlab.models.tokens import TokenCounter
@@ -218,17 +218,21 @@ class StudentConfig(Config):
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
 @reports_peak_rss
 def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topic_metadata_bank: dict,
-                     mcompass_teacher: pd.DataFrame, queries: pd.DataFrame, evaluation: EvaluationResource,
+                     mcompass_teacher: pd.DataFrame, queries: pd.DataFrame, chunks: pd.DataFrame,
+                     chunk_links: pd.DataFrame, chunk_qrels: pd.DataFrame, evaluation: EvaluationResource,
                      device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
-    """The student trained on the train split's pairs, the epoch with the lowest loss on the tune split's pairs
-    kept; registered in MLflow as covlab.<dataset>.mcompass_student. Under grouped_cv the retrieval refits it
-    per fold with these settings."""
+    """The student trained on the train split's pairs, the epoch with the best whole-corpus IE on the tune
+    split's queries kept (models/mcompass.heldout_ie); registered in MLflow as covlab.<dataset>.mcompass_student.
+    Under grouped_cv the retrieval refits it per fold with these settings."""
     context.log.info(device.describe())
     bank = TopicBank.load(topic_metadata_bank["path"])
     (fold,) = evaluation_folds(queries, "split", [], evaluation.tune_split)
     pairs = mcompass_teacher[mcompass_teacher["query_id"].isin(fold.train)]
-    trained = train_student(bank, _query_vectors(topic_metadata_bank), pairs, config.student(), config.training(),
-                            device.torch_device(), progress=context.log.info,
+    vectors = _query_vectors(topic_metadata_bank)
+    select = heldout_ie(bank, vectors, fold.dev, evidence(chunk_links, chunk_qrels),
+                        chunks.set_index("chunk_id")["tokens"], device.torch_device())
+    trained = train_student(bank, vectors, pairs, config.student(), config.training(), device.torch_device(),
+                            progress=context.log.info, select=select,
                             dev_pairs=mcompass_teacher[mcompass_teacher["query_id"].isin(fold.dev)])
     with tempfile.TemporaryDirectory() as work:
         save_student(trained.model, work, {"bank_content_hash": topic_metadata_bank["content_hash"],
@@ -236,11 +240,12 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
         model = register_trained_model(context, tracking, artifacts, "mcompass_student", work,
                                        params={**config.model_dump(), "bank": topic_metadata_bank["content_hash"]},
                                        metrics={"train_loss": trained.epoch_losses[trained.kept_epoch - 1],
-                                                **({"dev_loss": min(trained.dev_losses)} if trained.dev_losses
+                                                **({"dev_ie": max(trained.dev_scores)} if trained.dev_scores
                                                    else {})})
     return Output({**model, "settings": config.model_dump()}, metadata={
         "epoch_losses": MetadataValue.json([round(x, 5) for x in trained.epoch_losses]),
-        "dev_losses": MetadataValue.json([round(x, 5) for x in trained.dev_losses]), "kept_epoch": trained.kept_epoch,
+        "dev_losses": MetadataValue.json([round(x, 5) for x in trained.dev_losses]),
+        "dev_ie": MetadataValue.json([round(x, 5) for x in trained.dev_scores]), "kept_epoch": trained.kept_epoch,
         "training_pairs": len(pairs), "training_queries": int(pairs["query_id"].nunique()),
         "model_uri": model["uri"], "config": MetadataValue.json(config.model_dump())})
 
@@ -253,6 +258,7 @@ class RetrievalConfig(Config):
 @reports_peak_rss
 def mcompass_retrieval(context: AssetExecutionContext, config: RetrievalConfig, mcompass_student: dict,
                        topic_metadata_bank: dict, mcompass_teacher: pd.DataFrame, queries: pd.DataFrame,
+                       chunks: pd.DataFrame, chunk_links: pd.DataFrame, chunk_qrels: pd.DataFrame,
                        chunk_index: dict, evaluation: EvaluationResource, lucene: LuceneResource,
                        device: DeviceResource, tracking: TrackingResource,
                        artifacts: ArtifactStore) -> Output[pd.DataFrame]:
@@ -271,7 +277,9 @@ def mcompass_retrieval(context: AssetExecutionContext, config: RetrievalConfig, 
         path = load_registered_model(mcompass_student, tracking, artifacts)
         trained = {"mcompass": load_student(path, device.torch_device())[0]}
     students = student_runs(bank, vectors, mcompass_teacher, folds, student_variants(settings.student()),
-                            settings.training(), config.depth, device.torch_device(), context.log.info, trained)
+                            settings.training(), config.depth, device.torch_device(), context.log.info, trained,
+                            evidence=evidence(chunk_links, chunk_qrels),
+                            chunk_tokens=chunks.set_index("chunk_id")["tokens"])
     evaluated = sorted({q for fold in folds for q in fold.evaluated})
     depth = min(config.depth, len(bank.chunk_ids))
     index, scores = dense_top_k(np.stack([vectors[q] for q in evaluated]), bank.embeddings, depth)

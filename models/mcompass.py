@@ -296,10 +296,12 @@ def sample_pairs(query_ids: list[str], evidence: dict[str, set[str]], bm25_ranki
 @dataclass
 class TrainedStudent:
     """A trained student and what its training measured: mean training loss per epoch, mean loss on the
-    held-out pairs per epoch (empty without them) and the epoch whose weights were kept (1-based)."""
+    held-out pairs and the held-out selection score per epoch (empty without them) and the epoch whose
+    weights were kept (1-based)."""
     model: MCompassStudent
     epoch_losses: list[float] = field(default_factory=list)
     dev_losses: list[float] = field(default_factory=list)
+    dev_scores: list[float] = field(default_factory=list)
     kept_epoch: int = 0
 
 
@@ -341,11 +343,14 @@ class _PairTensors:
 def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: pd.DataFrame,
                   settings: StudentSettings = StudentSettings(), training: TrainingSettings = TrainingSettings(),
                   device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
-                  dev_pairs: pd.DataFrame | None = None) -> TrainedStudent:
-    """Train a student on `pairs` (query_id, chunk_id, label, teacher_logit: NaN where no teacher). With
-    `dev_pairs` (other queries' pairs) the weights of the epoch with the lowest held-out loss are kept, else
-    the last epoch's: a few dozen training queries are memorised within a few epochs. The same seed and
-    inputs give identical weights on CPU (`seeded`)."""
+                  dev_pairs: pd.DataFrame | None = None,
+                  select: Callable[[MCompassStudent], float] | None = None) -> TrainedStudent:
+    """Train a student on `pairs` (query_id, chunk_id, label, teacher_logit: NaN where no teacher) and keep
+    the weights of one epoch: the highest `select` score (held-out queries' retrieval, `heldout_ie`) when
+    given, else the lowest loss on `dev_pairs` (other queries' pairs) when given, else the last. Selection
+    matters: a few dozen training queries are memorised within a few epochs, and on Perspectrum's dev claims
+    the pair loss was lowest at epoch 3 while whole-corpus IE peaked at epoch 1 and fell below dense cosine's
+    by epoch 3. The same seed and inputs give identical weights on CPU (`seeded`)."""
     if pairs.empty:
         raise ValueError("no training pairs: none of the training queries has evidence chunks")
     tensors = BankTensors.of(bank, device, settings.top_m)
@@ -374,9 +379,14 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
                 with torch.no_grad():
                     trained.dev_losses.append(dev.loss(model, tensors, np.arange(len(dev.labels)), training).item())
                 message += f", held-out loss {trained.dev_losses[-1]:.4f}"
-                if best is None or trained.dev_losses[-1] < min(trained.dev_losses[:-1]):
-                    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                    trained.kept_epoch = epoch + 1
+            if select is not None:
+                trained.dev_scores.append(select(model))
+                message += f", held-out score {trained.dev_scores[-1]:.4f}"
+            improved = (trained.dev_scores[-1] > max(trained.dev_scores[:-1], default=-np.inf) if select is not None
+                        else dev is not None and trained.dev_losses[-1] < min(trained.dev_losses[:-1], default=np.inf))
+            if improved:
+                best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                trained.kept_epoch = epoch + 1
             if progress:
                 progress(message)
     if best is not None:
@@ -405,6 +415,28 @@ def retrieve(model: MCompassStudent, bank: TopicBank, query_vectors: np.ndarray,
     if not found:
         return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
     return np.concatenate([i for i, _ in found]), np.concatenate([s for _, s in found])
+
+
+def heldout_ie(bank: TopicBank, query_vectors: dict[str, np.ndarray], query_ids: Sequence[str],
+               evidence: pd.DataFrame, chunk_tokens: pd.Series, device: torch.device = torch.device("cpu")
+               ) -> Callable[[MCompassStudent], float] | None:
+    """A model's mean IE (models/retrieval.evidence_metrics, its default cutoffs and token budget) over the
+    `query_ids` that have evidence, from its top-5 over the whole bank: what the retrieval report measures, as
+    a model-selection score on held-out queries. None when no such query has evidence."""
+    from covlab.models.retrieval import DEFAULT_KS, evidence_metrics, run_table
+
+    ids = sorted(set(query_ids) & set(evidence["query_id"]) & set(query_vectors))
+    if not ids:
+        return None
+    vectors = np.stack([query_vectors[q] for q in ids])
+
+    def score(model: MCompassStudent) -> float:
+        index, scores = retrieve(model, bank, vectors, min(max(DEFAULT_KS), len(bank.chunk_ids)), device)
+        rows = evidence_metrics(run_table("student", ids, index, scores, bank.chunk_ids), evidence, chunk_tokens,
+                                query_ids=ids).rows
+        return float(rows.loc[rows["metric"] == "IE", "value"].mean())
+
+    return score
 
 
 def save_student(model: MCompassStudent, directory: str | Path, info: dict) -> Path:
@@ -471,9 +503,11 @@ def evaluation_folds(queries: pd.DataFrame, protocol: str, splits: Sequence[str]
 def student_runs(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: pd.DataFrame, folds: list[Fold],
                  variants: dict[str, StudentSettings], training: TrainingSettings, depth: int,
                  device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
-                 trained: dict[str, MCompassStudent] | None = None) -> pd.DataFrame:
+                 trained: dict[str, MCompassStudent] | None = None, evidence: pd.DataFrame | None = None,
+                 chunk_tokens: pd.Series | None = None) -> pd.DataFrame:
     """RETRIEVAL_RUN rows (top-`depth` over the whole bank) of every variant for every fold's evaluated
-    queries, each variant trained on the fold's training pairs; `trained` supplies an already trained model
+    queries, each variant trained on the fold's training pairs and selected on its dev queries (by their IE
+    given `evidence` and `chunk_tokens`, else by their pair loss); `trained` supplies an already trained model
     for a variant (the registered student under the split protocol) instead of training it again."""
     from covlab.models.retrieval import run_table
 
@@ -484,13 +518,15 @@ def student_runs(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: p
         if not evaluated:
             continue
         vectors = np.stack([query_vectors[q] for q in evaluated])
+        select = (heldout_ie(bank, query_vectors, fold.dev, evidence, chunk_tokens, device)
+                  if evidence is not None and chunk_tokens is not None else None)
         for method, settings in variants.items():
             model = (trained or {}).get(method)
             if model is None:
                 if progress:
                     progress(f"fold {number + 1}/{len(folds)}: training {method} on {len(fold_pairs)} pairs")
                 model = train_student(bank, query_vectors, fold_pairs, settings, training, device,
-                                      dev_pairs=dev_pairs).model
+                                      dev_pairs=dev_pairs, select=select).model
             index, scores = retrieve(model, bank, vectors, min(depth, len(bank.chunk_ids)), device)
             runs.append(run_table(method, evaluated, index, scores, bank.chunk_ids))
     return pd.concat(runs, ignore_index=True) if runs else pd.DataFrame()

@@ -10,8 +10,8 @@ import torch
 
 from covlab.models.mcompass import (BankTensors, Fold, MCompassStudent, PairSettings, StudentSettings,
                                     TrainingSettings, distillation_loss, estimator_teacher, evaluation_folds,
-                                    llm_teacher, load_student, rating_logit, retrieve, sample_pairs, save_student,
-                                    student_runs, student_variants, train_student)
+                                    heldout_ie, llm_teacher, load_student, rating_logit, retrieve, sample_pairs,
+                                    save_student, student_runs, student_variants, train_student)
 from covlab.models.topics import TopicBank
 
 torch.set_num_threads(1)
@@ -203,3 +203,16 @@ def test_llm_teacher_rates_expanded_queries_through_the_llm_resource(tmp_path):
         assert len(server.requests) == 2  # the second run came from the cache
     np.testing.assert_allclose(logits, rating_logit(np.array([5, 0])))
     np.testing.assert_array_equal(logits, again)
+
+
+def test_selection_by_heldout_ie_keeps_the_best_scoring_epoch():
+    bank, topic = clustered_bank()
+    vectors = {f"q{t}": bank.centroids[t] for t in range(4)} | {f"d{t}": bank.centroids[t] for t in range(4)}
+    pairs = _pairs(bank, topic, {f"q{t}": t for t in range(4)})
+    evidence = _pairs(bank, topic, {f"d{t}": t for t in range(4)}).query("label == 1")[["query_id", "chunk_id"]]
+    tokens = pd.Series(20, index=bank.chunk_ids)
+    select = heldout_ie(bank, vectors, [f"d{t}" for t in range(4)] + ["no-evidence"], evidence, tokens)
+    trained = train_student(bank, vectors, pairs, SMALL, TrainingSettings(epochs=4, batch_size=64), select=select)
+    assert len(trained.dev_scores) == 4 and trained.dev_scores[trained.kept_epoch - 1] == max(trained.dev_scores)
+    assert select(trained.model) == pytest.approx(max(trained.dev_scores))  # the kept weights are that epoch's
+    assert heldout_ie(bank, vectors, ["no-evidence"], evidence, tokens) is None
