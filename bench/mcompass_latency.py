@@ -230,7 +230,7 @@ def main() -> None:
 
         # Per-model precomputation, as a served student holds it.
         with torch.no_grad():
-            tensors = BankTensors.of(bank, CPU, model.settings.top_m)
+            tensors = BankTensors.of(bank, CPU)
             chunk_hidden = model.chunk_layer(model.chunk_representation(tensors))
         rows_q = [query_vectors[i:i + 1] for i in range(len(query_ids))]  # one query at a time
 

@@ -76,7 +76,7 @@ class TrainingSettings:
 
 @dataclass(frozen=True)
 class BankTensors:
-    """The bank's arrays as tensors on one device: e_c, T, theta_c, m_c = theta_c T and g_c (top-M)."""
+    """The bank's arrays as tensors on one device: e_c, T, theta_c, and the bank's own m_c and g_c (its top_m)."""
     embeddings: torch.Tensor
     centroids: torch.Tensor
     theta: torch.Tensor
@@ -84,11 +84,10 @@ class BankTensors:
     topics: torch.Tensor
 
     @classmethod
-    def of(cls, bank: TopicBank, device: torch.device, top_m: int) -> BankTensors:
+    def of(cls, bank: TopicBank, device: torch.device) -> BankTensors:
         tensor = lambda a: torch.tensor(np.asarray(a, dtype=np.float32), device=device)  # noqa: E731
-        theta, centroids = tensor(bank.theta), tensor(bank.centroids)
-        return cls(embeddings=tensor(bank.embeddings), centroids=centroids, theta=theta, mixed=theta @ centroids,
-                   topics=topic_vectors(theta, centroids, top_m))
+        return cls(embeddings=tensor(bank.embeddings), centroids=tensor(bank.centroids), theta=tensor(bank.theta),
+                   mixed=tensor(bank.m), topics=tensor(bank.g))
 
 
 class MCompassStudent(nn.Module):
@@ -353,7 +352,7 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
     by epoch 3. The same seed and inputs give identical weights on CPU (`seeded`)."""
     if pairs.empty:
         raise ValueError("no training pairs: none of the training queries has evidence chunks")
-    tensors = BankTensors.of(bank, device, settings.top_m)
+    tensors = BankTensors.of(bank, device)
     train = _PairTensors.of(pairs, bank, query_vectors, device)
     dev = _PairTensors.of(dev_pairs, bank, query_vectors, device) if dev_pairs is not None and len(dev_pairs) else None
     with seeded(training.seed, device) as generator:
@@ -404,7 +403,7 @@ def retrieve(model: MCompassStudent, bank: TopicBank, query_vectors: np.ndarray,
     from covlab.models.retrieval import top_k
 
     model.eval()
-    tensors = BankTensors.of(bank, device, model.settings.top_m)
+    tensors = BankTensors.of(bank, device)
     with torch.no_grad():
         chunk_hidden = model.chunk_layer(model.chunk_representation(tensors))
         found = []

@@ -62,8 +62,8 @@ def test_scores_do_not_depend_on_corpus_order(abstraction):
     order = np.random.default_rng(2).permutation(len(bank.chunk_ids))
     shuffled = TopicBank(chunk_ids=bank.chunk_ids[order], embeddings=bank.embeddings[order],
                          centroids=bank.centroids, theta=bank.theta[order], top_m=3)
-    plain = model.score_corpus(queries, BankTensors.of(bank, torch.device("cpu"), 3))
-    moved = model.score_corpus(queries, BankTensors.of(shuffled, torch.device("cpu"), 3))
+    plain = model.score_corpus(queries, BankTensors.of(bank, torch.device("cpu")))
+    moved = model.score_corpus(queries, BankTensors.of(shuffled, torch.device("cpu")))
     torch.testing.assert_close(moved, plain[:, order], rtol=1e-5, atol=1e-5)
 
 
@@ -73,7 +73,7 @@ def test_without_the_topic_part_the_student_is_a_dense_scorer():
                        theta=bank.theta, top_m=3)
     torch.manual_seed(0)
     model = MCompassStudent(12, 4, SMALL).eval()
-    tensors = BankTensors.of(zeroed, torch.device("cpu"), 3)
+    tensors = BankTensors.of(zeroed, torch.device("cpu"))
     tensors = BankTensors(tensors.embeddings, torch.zeros_like(tensors.centroids), tensors.theta,
                           torch.zeros_like(tensors.mixed), torch.zeros_like(tensors.topics))
     queries = torch.as_tensor(unit(np.random.default_rng(1).normal(size=(2, 12))))
