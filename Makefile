@@ -35,6 +35,7 @@ bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to 
 	$(BIN)/python bench/pruned_matrix.py
 	$(BIN)/python bench/step_memory.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/reproduce.py
 	$(BIN)/python bench/selection.py
 	$(BIN)/python bench/mcompass_latency.py
 

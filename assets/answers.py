@@ -6,6 +6,7 @@ import pandas as pd
 from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.models import prompts
 from covlab.models.answers import context_nuggets, transfer_rates
@@ -42,8 +43,9 @@ def answers(context: AssetExecutionContext, config: AnswerConfig, selection_cove
         prompts.feedback(q, c, a, config.feedback_sentences, config.words_per_document)
         for q, c, a in zip(evaluated["text"], contexts, first)], prompts.parse_answer)
     table = pd.DataFrame({"query_id": evaluated["query_id"].to_numpy(), "answer": first, "feedback_answer": second})
-    yield Output(table, metadata={"queries": len(table), "llm": MetadataValue.json(llm.describe()),
-                                  "config": MetadataValue.json(config.model_dump())})
+    yield content_output(table, metadata={"queries": len(table), "llm": MetadataValue.json(llm.describe()),
+                                          "llm_usage": MetadataValue.json(llm.take_usage()),
+                                          "config": MetadataValue.json(config.model_dump())})
 
 
 @asset(partitions_def=DATASETS, group_name="answers", code_version=f"1-{prompts.ANSWER_COVERAGE_VERSION}")
@@ -62,6 +64,6 @@ def answer_report(context: AssetExecutionContext, answers: pd.DataFrame, selecti
             judged[column] = dict(zip(answers["query_id"], pool.map(judge, answers["query_id"], answers[column])))
     table = transfer_rates(context_nuggets(selection_coverage_greedy, nugget_links), judged["answer"],
                            judged["feedback_answer"])
-    return Output(table, metadata={"mean_transfer_rate": float(table["transfer_rate"].mean()),
-                                   "first_recall": float(table["first_recall"].mean()),
-                                   "second_recall": float(table["second_recall"].mean())})
+    return content_output(table, metadata={"mean_transfer_rate": float(table["transfer_rate"].mean()),
+                                           "first_recall": float(table["first_recall"].mean()),
+                                           "second_recall": float(table["second_recall"].mean())})

@@ -12,6 +12,7 @@ import pandas as pd
 from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from covlab.assets.outputs import content_output
 from covlab.assets.model_registry import load_registered_model, register_trained_model
 from covlab.assets.partitions import DATASETS
 from covlab.models.comparison import (BUDGETED_METHODS, BudgetedMethod, compare, cross_validated_lmvu,
@@ -23,7 +24,7 @@ from covlab.models.encoders import default_base_model
 from covlab.models.lmvu import LMVU, LMVURanker, heldout_top1_accuracy
 from covlab.models.selection import estimator_trusted
 from covlab.models.tokens import TokenCounter
-from covlab.orchestration.lineage import REPORT_ID, audit_inputs, render_markdown
+from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, render_markdown
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
@@ -37,6 +38,8 @@ COMPARISON_CODE_VERSION = "1"
 # What every budgeted selection reads: the pools and what the selectors see of them.
 POOL_INPUTS = ("bm25_pools", "queries", "corpus", "item_embeddings", "token_counts")
 ESTIMATED_MATRIX = {"estimated": "estimated_coverage_matrix", "estimated_gold": "estimated_gold_coverage_matrix"}
+# Each method's selection asset: what the comparison reads that method's rows from.
+SELECTIONS = {m.name: f"budgeted_{m.name}" for m in BUDGETED_METHODS}
 
 
 class EmbeddingConfig(Config):
@@ -57,9 +60,9 @@ def item_embeddings(context: AssetExecutionContext, config: EmbeddingConfig, bm2
                              max_length=config.max_length, device=device.torch_device(),
                              autocast_dtype=device.autocast_dtype(), progress=context.log.info)
     table = embed_items(bm25_pools, queries, document_texts(corpus), embed)
-    return Output(table, metadata={"rows": len(table), **table["kind"].value_counts().to_dict(),
-                                   "dimension": len(table["vector"].iloc[0]) if len(table) else 0,
-                                   "config": MetadataValue.json(config.model_dump())})
+    return content_output(table, metadata={"rows": len(table), **table["kind"].value_counts().to_dict(),
+                                           "dimension": len(table["vector"].iloc[0]) if len(table) else 0,
+                                           "config": MetadataValue.json(config.model_dump())})
 
 
 class TokenConfig(Config):
@@ -71,10 +74,11 @@ def token_counts(config: TokenConfig, bm25_pools: pd.DataFrame, corpus: pd.DataF
     """t(d), the token cost of every pooled document (METHODS.md §2 count_tokens: no special tokens, never
     truncated): (doc_id, tokens)."""
     table = pool_token_counts(bm25_pools, document_texts(corpus), TokenCounter(config.tokenizer).count)
-    return Output(table, metadata={"documents": len(table), "median_tokens": float(table["tokens"].median()),
-                                   "mean_tokens": float(table["tokens"].mean()), "max_tokens": int(table["tokens"].max()),
-                                   "default_budgets": MetadataValue.json(list(resolve_budgets([], table))),
-                                   "config": MetadataValue.json(config.model_dump())})
+    return content_output(table, metadata={
+        "documents": len(table), "median_tokens": float(table["tokens"].median()),
+        "mean_tokens": float(table["tokens"].mean()), "max_tokens": int(table["tokens"].max()),
+        "default_budgets": MetadataValue.json(list(resolve_budgets([], table))),
+        "config": MetadataValue.json(config.model_dump())})
 
 
 class LMVUConfig(Config):
@@ -116,7 +120,7 @@ def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: 
                                        params={**config.model_dump(), "budgets": list(budgets)},
                                        metrics={"dev_pairwise_accuracy": trained.dev_accuracy[trained.C],
                                                 "dev_top1": top1, "chosen_C": trained.C})
-    return Output({**model, "settings": config.model_dump()}, metadata={
+    return content_output({**model, "settings": config.model_dump()}, metadata={
         "coefficients": MetadataValue.json(trained.coefficients()),
         "dev_pairwise_accuracy": trained.dev_accuracy[trained.C], "evidence": MetadataValue.json(evidence),
         "budgets": MetadataValue.json(list(budgets)), "model_uri": model["uri"],
@@ -138,11 +142,12 @@ def _pools(inputs: dict, evaluation: EvaluationResource, with_gold: bool):
 
 def _selection_output(table: pd.DataFrame, budgets, evaluation: EvaluationResource, details: dict,
                       started: float) -> Output[pd.DataFrame]:
-    return Output(table, metadata={"queries": int(table["query_id"].nunique()), "rows": len(table),
-                                   "budgets": MetadataValue.json(list(budgets)), "protocol": evaluation.protocol,
-                                   "seconds": round(time.perf_counter() - started, 3),
-                                   "details": MetadataValue.json(details),
-                                   "settings": MetadataValue.json(evaluation.model_dump())})
+    return content_output(table, metadata={"queries": int(table["query_id"].nunique()), "rows": len(table),
+                                           "budgets": MetadataValue.json(list(budgets)),
+                                           "protocol": evaluation.protocol,
+                                           "seconds": round(time.perf_counter() - started, 3),
+                                           "details": MetadataValue.json(details),
+                                           "settings": MetadataValue.json(evaluation.model_dump())})
 
 
 def budgeted_selection_asset(method: BudgetedMethod):
@@ -154,7 +159,7 @@ def budgeted_selection_asset(method: BudgetedMethod):
         ins |= {"nuggets": AssetIn(), "nugget_links": AssetIn()}
     if method.covers in ESTIMATED_MATRIX:
         ins |= {"coverage": AssetIn(key=AssetKey(ESTIMATED_MATRIX[method.covers])), "coverage_estimator": AssetIn()}
-    common = dict(name=f"budgeted_{method.name}", ins=ins, partitions_def=DATASETS, group_name=GROUP,
+    common = dict(name=SELECTIONS[method.name], ins=ins, partitions_def=DATASETS, group_name=GROUP,
                   code_version="1", description=f"Budgeted selection: {method.description}; at every token budget "
                                                 "(query_id, budget, rank, doc_id).")
     if not method.trained:
@@ -204,7 +209,7 @@ class ComparisonConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name="reports", code_version=COMPARISON_CODE_VERSION,
-       ins={f"budgeted_{m.name}": AssetIn() for m in BUDGETED_METHODS}
+       ins={name: AssetIn() for name in SELECTIONS.values()}
        | {name: AssetIn() for name in (*POOL_INPUTS, "nuggets", "nugget_links")})
 def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, evaluation: EvaluationResource,
                       results: ResultsStore, artifacts: ArtifactStore, **inputs) -> Output[pd.DataFrame]:
@@ -217,7 +222,7 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
                                      [evaluation.report_split])
     budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
     pools = _query_pools(inputs, report_ids, with_gold=True)
-    selections = {m.name: inputs[f"budgeted_{m.name}"] for m in BUDGETED_METHODS}
+    selections = {method: inputs[name] for method, name in SELECTIONS.items()}
     result = compare(selections, pools, inputs["nugget_links"], alpha=evaluation.alpha, baseline=config.baseline,
                      seed=config.seed)
     protocols = method_protocols(evaluation.protocol, evaluation.splits, evaluation.tune_split)
@@ -232,8 +237,8 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
         config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
         pd.concat([result.figures, aggregates.assign(query_id=None)], ignore_index=True).assign(
             dataset=context.partition_key, k=None))
-    lineage = audit_inputs(context.instance, sorted(context.assets_def.dependency_keys), context.partition_key)
-    return Output(result.figures, metadata={
+    lineage = record_report_lineage(context, {method: [AssetKey(name)] for method, name in SELECTIONS.items()})
+    return content_output(result.figures, metadata={
         "summary": MetadataValue.md(markdown(result.summary)),
         "headroom": MetadataValue.md(markdown(result.headroom)),
         "paired": MetadataValue.md(markdown(result.paired)),

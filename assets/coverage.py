@@ -6,9 +6,10 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from dagster import AssetExecutionContext, AssetIn, Config, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from covlab.assets.outputs import content_output
 from covlab.assets.model_registry import load_registered_model, register_trained_model
 from covlab.assets.partitions import DATASETS
 from covlab.models import prompts
@@ -57,7 +58,8 @@ def subquestions(context: AssetExecutionContext, config: SubquestionConfig, quer
                                      prompts.parse_subquestions)
         table = pd.DataFrame([{"query_id": q, "subq_id": f"{q}/s{i}", "text": s}
                               for q, subqs in zip(queries["query_id"], answers) for i, s in enumerate(subqs)])
-        metadata.update(llm=MetadataValue.json(llm.describe()), prompt_version=prompts.DECOMPOSE_VERSION)
+        metadata.update(llm=MetadataValue.json(llm.describe()), llm_usage=MetadataValue.json(llm.take_usage()),
+                        prompt_version=prompts.DECOMPOSE_VERSION)
     else:
         model, tokenizer, _ = load_biencoder(config.base_model or default_base_model(), device.torch_device())
         texts = document_texts(corpus)
@@ -67,8 +69,8 @@ def subquestions(context: AssetExecutionContext, config: SubquestionConfig, quer
                                                  n=config.n, seed=config.seed)
                            for q, t in zip(queries["query_id"], queries["text"])], ignore_index=True)
     per_query = table.groupby("query_id").size()
-    return Output(table, metadata={**metadata, "subquestions": len(table), "queries": int(per_query.size),
-                                   "mean_per_query": float(per_query.mean()) if len(per_query) else 0.0})
+    return content_output(table, metadata={**metadata, "subquestions": len(table), "queries": int(per_query.size),
+                                           "mean_per_query": float(per_query.mean()) if len(per_query) else 0.0})
 
 
 class JudgmentConfig(Config):
@@ -98,11 +100,12 @@ def coverage_judgments(context: AssetExecutionContext, config: JudgmentConfig, q
                                                              pairs[["doc_id", "subq_id"]].itertuples(index=False)],
                                      prompts.parse_rating)
         table = rated_judgments(pairs, ratings)
-        metadata.update(llm=MetadataValue.json(llm.describe()), prompt_version=prompts.JUDGE_VERSION)
+        metadata.update(llm=MetadataValue.json(llm.describe()), llm_usage=MetadataValue.json(llm.take_usage()),
+                        prompt_version=prompts.JUDGE_VERSION)
     by_split = table.groupby("split")["covered"].agg(["size", "mean"])
-    return Output(table, metadata={**metadata, "pairs": len(table),
-                                   "covered_share": MetadataValue.json(by_split["mean"].round(4).to_dict()),
-                                   "pairs_per_split": MetadataValue.json(by_split["size"].to_dict())})
+    return content_output(table, metadata={**metadata, "pairs": len(table),
+                                           "covered_share": MetadataValue.json(by_split["mean"].round(4).to_dict()),
+                                           "pairs_per_split": MetadataValue.json(by_split["size"].to_dict())})
 
 
 def _judged_subquestions(subquestions: pd.DataFrame, nuggets: pd.DataFrame) -> pd.DataFrame:
@@ -172,8 +175,8 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                                                 "train_pairs": len(train), "dev_pairs": len(dev)})
     # The dev figures travel with the model record: the estimator gate of the selections reads dev_auc, its
     # check records all three (assets/checks.py).
-    return Output({**model, "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
-                   "dev_ece": trained.dev_ece}, metadata={
+    return content_output({**model, "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
+                           "dev_ece": trained.dev_ece}, metadata={
         "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier, "dev_ece": trained.dev_ece,
         "best_epoch": trained.best_epoch, "history": MetadataValue.json(trained.history),
         "train_pairs": len(train), "dev_pairs": len(dev), "pairs_per_split": MetadataValue.json(sizes),
@@ -218,8 +221,9 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
         registered = register_trained_model(context, tracking, artifacts, "coverage_biencoder", work,
                                             params=config.model_dump(),
                                             metrics={"groups": len(groups), "final_loss": history[-1]["train_loss"]})
-    return Output(registered, metadata={"groups": len(groups), "history": MetadataValue.json(history),
-                                        "model_uri": registered["uri"], "config": MetadataValue.json(config.model_dump())})
+    return content_output(registered, metadata={"groups": len(groups), "history": MetadataValue.json(history),
+                                                "model_uri": registered["uri"],
+                                                "config": MetadataValue.json(config.model_dump())})
 
 
 class ScoringConfig(Config):
@@ -249,9 +253,9 @@ def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: 
         scores[column] = cosines(model, tokenizer, list(zip(query_texts.map(anchor), doc_texts)),
                                  batch_size=config.batch_size, max_length=config.max_length, device=torch_device)
     table = POOL_SCORES.conform(pool[["query_id", "doc_id"]].assign(**scores))
-    return Output(table, metadata={"pairs": len(table), "queries": int(table["query_id"].nunique()),
-                                   "splits": MetadataValue.json(evaluation.splits),
-                                   "config": MetadataValue.json(config.model_dump())})
+    return content_output(table, metadata={"pairs": len(table), "queries": int(table["query_id"].nunique()),
+                                           "splits": MetadataValue.json(evaluation.splits),
+                                           "config": MetadataValue.json(config.model_dump())})
 
 
 class EstimationConfig(Config):
@@ -283,10 +287,10 @@ def _estimated_matrix(context, config: EstimationConfig, pools: pd.DataFrame, su
                                                 config.prune_top_m)
         scored = int(kept.sum())
     context.log.info(f"estimated matrix: {scored} of {len(pairs)} pairs scored by the estimator")
-    return Output(matrix, metadata={"pairs": len(matrix), "pairs_scored": scored, "pairs_pruned": len(matrix) - scored,
-                                    "model_uri": estimator["uri"],
-                                    "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
-                                    "config": MetadataValue.json(config.model_dump())})
+    return content_output(matrix, metadata={
+        "pairs": len(matrix), "pairs_scored": scored, "pairs_pruned": len(matrix) - scored,
+        "model_uri": estimator["uri"], "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
+        "config": MetadataValue.json(config.model_dump())})
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())

@@ -3,10 +3,11 @@ data version and a blocking integrity check."""
 
 
 from dagster import (AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetExecutionContext, AssetOut,
-                     DataVersion, MetadataValue, Output, multi_asset)
+                     MetadataValue, multi_asset)
 
+from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
-from covlab.models.dataset import TABLES, content_hash, table_problems
+from covlab.models.dataset import TABLES, table_problems
 from covlab.resources.datasets import DatasetRegistry
 
 INGEST_CODE_VERSION = "1"
@@ -30,7 +31,7 @@ def dataset_tables(context: AssetExecutionContext, datasets: DatasetRegistry):
     ds = datasets.load(context.partition_key)
     for name in TABLES:
         frame = ds.table(name)
-        yield Output(frame, output_name=name, data_version=DataVersion(content_hash(frame)), metadata={
+        yield content_output(frame, output_name=name, metadata={
             "rows": len(frame), "format": entry["format"], "path": entry["path"] or "(generated)",
             "source_files": MetadataValue.json(ds.source_hashes),
         })

@@ -10,26 +10,27 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey, AssetOut, Config, DataVersion,
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey, AssetOut, Config,
                      MetadataValue, Output, asset, asset_check, multi_asset)
 from pydantic import Field
 
+from covlab.assets.outputs import content_output
 from covlab.assets.model_registry import load_model_by_alias, load_registered_model, register_trained_model
 from covlab.assets.partitions import DATASETS
 from covlab.models import prompts
 from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, tiling_problems
 from covlab.models.comparison import markdown, topic_folds
 from covlab.models.coverage import load_estimator_scorer, load_first_stage
-from covlab.models.dataset import content_hash
 from covlab.models.encoders import default_base_model
 from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, heldout_ie,
                                     load_student, sample_pairs, save_student, student_runs, student_variants,
                                     teacher_agreement, teacher_logits, train_student)
 from covlab.models.retrieval import dense_top_k, evidence_metrics, ranking_problems, retrieval_summary, run_table
 from covlab.models.schemas import CORPUS
+from covlab.models.versions import content_version
 from covlab.models.tokens import TokenCounter
 from covlab.models.topics import BankError, KMeansTopics, TopicBank, build_bank, effective_topics, topic_summary
-from covlab.orchestration.lineage import REPORT_ID
+from covlab.orchestration.lineage import REPORT_ID, record_report_lineage
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
@@ -62,13 +63,13 @@ def chunks(config: ChunkConfig, corpus: pd.DataFrame, nuggets: pd.DataFrame, nug
     table = chunk_corpus(corpus, config.max_tokens, counter)
     links, chunk_qrels = chunk_gold(table, nugget_links, qrels, nuggets)
     split = int((table["chunk_id"] != table["doc_id"]).sum())
-    yield Output(table, output_name="chunks", data_version=DataVersion(content_hash(table)), metadata={
+    yield content_output(table, output_name="chunks", metadata={
         "chunks": len(table), "documents": int(table["doc_id"].nunique()), "chunks_of_split_documents": split,
         "max_tokens": int(table["tokens"].max()) if len(table) else 0,
         "config": MetadataValue.json(config.model_dump())})
     for name, frame in (("chunk_links", links), ("chunk_qrels", chunk_qrels)):
-        yield Output(frame, output_name=name, data_version=DataVersion(content_hash(frame)),
-                     metadata={"rows": len(frame), "queries": int(frame["query_id"].nunique())})
+        yield content_output(frame, output_name=name,
+                             metadata={"rows": len(frame), "queries": int(frame["query_id"].nunique())})
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1")
@@ -78,13 +79,13 @@ def chunk_index(context: AssetExecutionContext, chunks: pd.DataFrame, lucene: Lu
     hard negatives."""
     as_corpus = CORPUS.conform(chunks.rename(columns={"chunk_id": "doc_id", "doc_id": "source_unit"})
                                .assign(title=""))
-    chunks_hash = content_hash(chunks)
+    chunks_hash = content_version(chunks)
     target = artifacts.directory("chunk_index", context.partition_key, chunks_hash)
     if not target.exists():
         lucene.build_index(as_corpus, target)
     stats = lucene.index_stats(target)
-    return Output({"path": str(target), "content_hash": chunks_hash, **stats}, data_version=DataVersion(chunks_hash),
-                  metadata={"path": MetadataValue.path(str(target)), **stats})
+    return content_output({"path": str(target), "content_hash": chunks_hash, **stats},
+                          metadata={"path": MetadataValue.path(str(target)), **stats})
 
 
 class BankConfig(Config):
@@ -123,15 +124,14 @@ def topic_metadata_bank(context: AssetExecutionContext, config: BankConfig, chun
 
     atomic_write(folder / QUERY_VECTORS_FILE, write_query_vectors)
     summary = topic_summary(texts, bank.theta)
-    return Output({"path": str(folder), "content_hash": bank_hash, "topics": k, "chunks": len(chunks),
-                   "dimension": int(bank.embeddings.shape[1])},
-                  data_version=DataVersion(bank_hash),
-                  metadata={"topics": k, "chunks": len(chunks), "path": MetadataValue.path(str(folder)),
-                            "topic_sizes": MetadataValue.json(sorted((t["size"] for t in summary), reverse=True)),
-                            "top_terms": MetadataValue.md("\n".join(
-                                f"- topic {t['topic']} ({t['size']}): {', '.join(t['terms'])}"
-                                for t in sorted(summary, key=lambda t: -t["size"])[:20])),
-                            "config": MetadataValue.json(config.model_dump())})
+    value = {"path": str(folder), "content_hash": bank_hash, "topics": k, "chunks": len(chunks),
+             "dimension": int(bank.embeddings.shape[1])}
+    return content_output(value, metadata={
+        "topics": k, "chunks": len(chunks), "path": MetadataValue.path(str(folder)),
+        "topic_sizes": MetadataValue.json(sorted((t["size"] for t in summary), reverse=True)),
+        "top_terms": MetadataValue.md("\n".join(f"- topic {t['topic']} ({t['size']}): {', '.join(t['terms'])}"
+                                                for t in sorted(summary, key=lambda t: -t["size"])[:20])),
+        "config": MetadataValue.json(config.model_dump())})
 
 
 def _query_vectors(bank_value: dict) -> dict[str, np.ndarray]:
@@ -182,13 +182,15 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
     elif config.source == "llm":
         llm.require("mcompass_teacher (without an LLM: source 'estimator' or 'gold')")
         rate = lambda asked: llm.chat_json_many(prompts.JUDGE_VERSION, asked, prompts.parse_rating)  # noqa: E731
-        metadata.update(llm=MetadataValue.json(llm.describe()), prompt_version=prompts.JUDGE_VERSION)
     logits = teacher_logits(pairs, text_of_query, subqs, text_of_chunk, score=score, rate=rate)
+    if rate is not None:  # after the calls, so that llm_usage is what they took
+        metadata.update(llm=MetadataValue.json(llm.describe()), llm_usage=MetadataValue.json(llm.take_usage()),
+                        prompt_version=prompts.JUDGE_VERSION)
     table = pairs.assign(teacher_logit=logits)
-    return Output(table, metadata={**metadata, "pairs": len(table), "queries": int(table["query_id"].nunique()),
-                                   "positives": int(table["label"].sum()),
-                                   "queries_without_evidence": int(len(queries) - table["query_id"].nunique()),
-                                   "teacher_mean_probability": MetadataValue.json(teacher_agreement(table))})
+    return content_output(table, metadata={**metadata, "pairs": len(table), "queries": int(table["query_id"].nunique()),
+                                           "positives": int(table["label"].sum()),
+                                           "queries_without_evidence": int(len(queries) - table["query_id"].nunique()),
+                                           "teacher_mean_probability": MetadataValue.json(teacher_agreement(table))})
 
 
 class StudentConfig(Config):
@@ -242,7 +244,7 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
                                        metrics={"train_loss": trained.epoch_losses[trained.kept_epoch - 1],
                                                 **({"dev_ie": max(trained.dev_scores)} if trained.dev_scores
                                                    else {})})
-    return Output({**model, "settings": config.model_dump()}, metadata={
+    return content_output({**model, "settings": config.model_dump()}, metadata={
         "epoch_losses": MetadataValue.json([round(x, 5) for x in trained.epoch_losses]),
         "dev_losses": MetadataValue.json([round(x, 5) for x in trained.dev_losses]),
         "dev_ie": MetadataValue.json([round(x, 5) for x in trained.dev_scores]), "kept_epoch": trained.kept_epoch,
@@ -288,11 +290,11 @@ def mcompass_retrieval(context: AssetExecutionContext, config: RetrievalConfig, 
     bm25 = hits.rename(columns={"doc_id": "chunk_id"}).assign(method="bm25")
     table = pd.concat([students, run_table(BASELINE, evaluated, index, scores, bank.chunk_ids),
                        bm25[list(students.columns)]], ignore_index=True)
-    return Output(table, metadata={"queries": len(evaluated), "methods": MetadataValue.json(sorted(table["method"]
-                                                                                                    .unique())),
-                                   "folds": len(folds), "protocol": evaluation.protocol, "depth": depth,
-                                   "seconds": round(time.perf_counter() - started, 3),
-                                   "config": MetadataValue.json(config.model_dump())})
+    return content_output(table, metadata={"queries": len(evaluated),
+                                           "methods": MetadataValue.json(sorted(table["method"].unique())),
+                                           "folds": len(folds), "protocol": evaluation.protocol, "depth": depth,
+                                           "seconds": round(time.perf_counter() - started, 3),
+                                           "config": MetadataValue.json(config.model_dump())})
 
 
 class RetrievalReportConfig(Config):
@@ -325,7 +327,9 @@ def retrieval_report(context: AssetExecutionContext, config: RetrievalReportConf
         config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
         pd.concat([rows, means.assign(query_id=None, split=None)], ignore_index=True).assign(
             dataset=context.partition_key, budget=config.token_budget, k=None))
-    return Output(rows, metadata={
+    record_report_lineage(context, {str(method): [AssetKey("mcompass_retrieval")]  # every method's run is in it
+                                    for method in rows["method"].unique()})
+    return content_output(rows, metadata={
         "summary": MetadataValue.md(markdown(summary)), "paired": MetadataValue.md(markdown(paired)),
         "queries": int(rows["query_id"].nunique()),
         "queries_without_evidence": MetadataValue.json(figures.without_evidence),

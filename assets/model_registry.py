@@ -2,24 +2,15 @@
 MLflow model version, tags and local copy for free (DESIGN.md "Conventions")."""
 
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetRecordsFilter
 
+from covlab.models.versions import directory_hash
 from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.source import source_state
 from covlab.resources.tracking import ModelVersionRef, TrackingResource
-
-
-def git_commit() -> str | None:
-    """The checked-out commit of the code that runs, when it is a git checkout (else None)."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
 def input_data_versions(context: AssetExecutionContext) -> dict[str, str]:
@@ -38,12 +29,13 @@ def register_trained_model(context: AssetExecutionContext, tracking: TrackingRes
                            selector: str, weights_dir: str | Path, params: dict, metrics: dict) -> dict:
     """Register `weights_dir` as a new version of `covlab.<dataset>.<selector>` (alias `candidate`), tagged
     with the Dagster run, asset, partition, code version, input data versions and git commit; keep a local
-    copy under the artifact store. Returns the asset's value: name, version, uri, MLflow run id, path."""
+    copy under the artifact store. Returns the asset's value: name, version, uri, MLflow run id, path, and
+    the weights' `directory_hash` as `content_hash` (the content the asset's data version stands for)."""
     asset_key = context.asset_key
     tags = {"dagster.run_id": context.run_id, "dagster.asset_key": asset_key.to_user_string(),
             "dagster.partition": context.partition_key,
             "dagster.code_version": context.assets_def.code_versions_by_key.get(asset_key) or "",
-            "git.commit": git_commit() or "unknown"}
+            "git.commit": source_state().commit or "unknown", "git.dirty": str(source_state().dirty).lower()}
     tags.update({f"input_data_version.{k}": v for k, v in input_data_versions(context).items()})
     ref = tracking.log_model_version(f"covlab.{context.partition_key}.{selector}", Path(weights_dir),
                                      params=params, metrics=metrics, tags=tags)
@@ -56,7 +48,7 @@ def register_trained_model(context: AssetExecutionContext, tracking: TrackingRes
         (Path(work) / "weights").rename(local)
     context.log.info(f"registered {ref.uri} (MLflow run {ref.run_id})")
     return {"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
-            "source": ref.source, "path": str(local)}
+            "source": ref.source, "path": str(local), "content_hash": directory_hash(weights_dir)}
 
 
 def load_registered_model(value: dict, tracking: TrackingResource, artifacts: ArtifactStore) -> str:

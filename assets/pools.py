@@ -4,12 +4,13 @@
 from typing import Literal
 
 import pandas as pd
-from dagster import AssetExecutionContext, Config, DataVersion, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
-from covlab.models.dataset import content_hash
 from covlab.models.pools import merge_given_and_distractors
+from covlab.models.versions import content_version
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.device import reports_peak_rss
@@ -22,14 +23,13 @@ def bm25_index(context: AssetExecutionContext, corpus: pd.DataFrame, lucene: Luc
                artifacts: ArtifactStore) -> Output[dict]:
     """A pyserini Lucene index of the corpus (JsonCollection, DefaultLuceneDocumentGenerator, positions,
     doc vectors and raw text stored). Value: the index path and the corpus content hash."""
-    corpus_hash = content_hash(corpus)
+    corpus_hash = content_version(corpus)
     target = artifacts.directory("bm25_index", context.partition_key, corpus_hash)
     if not target.exists():  # an index only ever appears complete (built aside, then renamed)
         lucene.build_index(corpus, target)
     stats = lucene.index_stats(target)
-    return Output({"path": str(target), "content_hash": corpus_hash, **stats},
-                  data_version=DataVersion(corpus_hash),
-                  metadata={"path": MetadataValue.path(str(target)), **stats})
+    return content_output({"path": str(target), "content_hash": corpus_hash, **stats},
+                          metadata={"path": MetadataValue.path(str(target)), **stats})
 
 
 class PoolConfig(Config):
@@ -58,9 +58,9 @@ def bm25_pools(context: AssetExecutionContext, config: PoolConfig, queries: pd.D
             hits = lucene.top_n(index, queries, distractors + int(candidates.groupby("query_id").size().max()))
             pools = merge_given_and_distractors(pools, hits, distractors)
     sizes = pools.groupby("query_id").size()
-    return Output(pools, metadata={
+    return content_output(pools, metadata={
         "config": MetadataValue.json({**config.model_dump(), "k1": lucene.k1, "b": lucene.b,
-                                      "threads": lucene.threads}),
+                                              "threads": lucene.threads}),
         "queries": int(sizes.size), "pairs": len(pools), "mean_pool_size": float(sizes.mean()),
         "queries_without_pool": int(len(set(queries["query_id"]) - set(sizes.index))),
     })

@@ -5,14 +5,15 @@ least the champion's."""
 
 import pandas as pd
 from dagster import (AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetExecutionContext, AssetIn, AssetKey,
-                     Config, MetadataValue, Output, asset)
+                     Config, MetadataValue, asset)
 from pydantic import Field
 
+from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.selections import METHODS
 from covlab.models.report import PAPER_TABLE1, evaluate_selections, paired_against, table1
 from covlab.models.selection import Trust, estimator_trusted
-from covlab.orchestration.lineage import REPORT_ID, audit_inputs, render_markdown  # the report shows its lineage
+from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, render_markdown  # shows its lineage
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import atomic_write
@@ -79,9 +80,9 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
         dataset=context.partition_key, report_asset="coverage_report", partition=context.partition_key,
         run_id=context.run_id, code_version=REPORT_CODE_VERSION, data_version=None,
         config={**config.model_dump(), "evaluation": evaluation.model_dump()}), figures)
-    lineage = audit_inputs(context.instance, sorted(context.assets_def.dependency_keys), context.partition_key)
+    lineage = record_report_lineage(context, {method: [selection.key] for method, selection in SELECTIONS.items()})
     means = table.round(4)
-    yield Output(per_query, metadata={
+    yield content_output(per_query, metadata={
         "table1": MetadataValue.md(means.to_markdown()),
         "paired_vs_baseline": MetadataValue.md(paired.round(4).to_markdown() if len(paired) else "n/a"),
         "paper_table1_trec_rag_2024": MetadataValue.json(PAPER_TABLE1),

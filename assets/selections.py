@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 from dagster import AssetIn, AssetKey, MetadataValue, Output, asset
 
+from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.models.coverage import queries_of, rank_pool_by
 from covlab.models.selection import (ESTIMATED, GOLD, CoverageColumns, GreedyCoverage, RelevanceSelection, KSelector,
@@ -83,7 +84,7 @@ def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.
         metadata.update(decision)
         if "blend" in decision:
             metadata["blend"] = MetadataValue.json(decision["blend"])
-    return Output(selected, metadata={"queries": int(selected["query_id"].nunique()), **metadata})
+    return content_output(selected, metadata={"queries": int(selected["query_id"].nunique()), **metadata})
 
 
 def selection_asset(spec: SelectionMethod, code_version: str | None = None):

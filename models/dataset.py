@@ -6,7 +6,6 @@ the blocking asset checks report them per table in the Dagster UI.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -71,21 +70,6 @@ class Dataset:
 
     def origin(self, name: str) -> Origin:
         return self.origins.get(name, Origin(f"<{self.name}:{name}>", None))
-
-
-def content_hash(frame: pd.DataFrame) -> str:
-    """Order-sensitive SHA-256 of a table's values and columns: the ingest assets' data version."""
-    digest = hashlib.sha256("|".join(f"{c}:{t}" for c, t in frame.dtypes.astype(str).items()).encode())
-    digest.update(pd.util.hash_pandas_object(frame, index=False).values.tobytes())
-    return digest.hexdigest()[:24]
-
-
-def file_hash(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _duplicates(frame: pd.DataFrame, key: tuple[str, ...], origin: Origin) -> list[str]:

@@ -229,6 +229,12 @@ class OptimizerSteps:
         return loss.item()
 
 
+# Tokenizer options that say how the tokenizer was loaded (transformers keeps them in init_kwargs and would
+# write them to tokenizer_config.json): with HF_HUB_OFFLINE=1 set or not, the same weights would be stored
+# with different bytes, and a rebuild would not reproduce the model's content hash.
+LOADING_OPTIONS = ("local_files_only", "cache_dir", "token", "proxies", "force_download")
+
+
 def save_model_directory(model, tokenizer, directory: str | os.PathLike, info: dict) -> Path:
     """Write weights (safetensors), tokenizer and `info` as covlab.json into `directory`, built in a
     temporary sibling and renamed into place, so that a reader never sees a partial model."""
@@ -237,6 +243,8 @@ def save_model_directory(model, tokenizer, directory: str | os.PathLike, info: d
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
         model.save_pretrained(staging, safe_serialization=True)
+        for option in LOADING_OPTIONS:  # how this process loaded it, not what it is: kept out of the bytes
+            tokenizer.init_kwargs.pop(option, None)
         tokenizer.save_pretrained(staging)
         (staging / INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True))
         if target.exists():

@@ -5,8 +5,10 @@
     covlab dataset list
     covlab dataset generate longdoc --out DIR [--profile small|full] [--seed N]   # write a generated dataset
     covlab materialize --dataset NAME [--select KEY ...] [--config run_config.yaml]
-    covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget B] [--json]
-    covlab audit --value 0.702 [--tolerance 5e-4] [--json]
+    covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget B] [--full] [--json]
+    covlab audit --value 0.702 [--tolerance 5e-4] [--all] [--full] [--json]   # a number's branch and its cost
+    covlab audit --help                            # also lists the methods, metrics, splits in the results store
+    covlab reproduce --value 0.664 [--allow-dirty] [--keep] [--json]   # rebuild a figure from its lineage, compare
     covlab slots list                              # runs holding the gpu pool's slot, and whether they live
     covlab slots free [--run RUN_ID ...]           # free the slots of runs that died
 """
@@ -17,6 +19,7 @@ import argparse
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -141,46 +144,173 @@ def summarize(result, seconds: float) -> str:
 
 
 def audit_command(args) -> int:
-    """Print the lineage tree of each report materialization behind the requested figure(s)."""
+    """Print each figure asked for, the branch of its report's lineage that produced it (--full: the whole
+    lineage with its detail lines) and what that branch cost; --json: the same in full detail."""
     from covlab.orchestration.definitions import default_resources
-    from covlab.orchestration.lineage import audit_figures, confirm_reports, render_json, render_text
+    from covlab.orchestration.lineage import (StepClock, audit_figures, branch_nodes, lineage_cost,
+                                              off_branch, render_branch, render_text)
 
-    results = default_resources()["results"]
-    confirm_reports(_instance(), results)  # figures count once Dagster has recorded their report
+    instance, results = _instance(), default_resources()["results"]
+    figures, earlier = _requested_figures(args, instance, results)
+    audits, clock = audit_figures(instance, figures), StepClock(instance)
+    for audit in audits:  # what is shown: the figures' branch, or the whole lineage (--full, or no branch recorded)
+        audit["shown"] = None if args.full else audit["branch"]
+        audit["cost"] = lineage_cost(instance, branch_nodes(audit["shown"] or audit["lineage"], [audit["lineage"]]),
+                                     scope="branch" if audit["shown"] else "lineage", clock=clock)
+    if args.json:
+        print(json.dumps([{"figures": a["figures"], "lineage": a["lineage"].to_dict(), "cost": a["cost"].to_dict()}
+                          for a in audits], indent=2, sort_keys=True, default=str))
+        return 0
+    for audit in audits:
+        lineage, shown = audit["lineage"], audit["shown"]
+        for figure in audit["figures"]:
+            where = ", ".join(f"{k}={figure[k]}" for k in ("dataset", "method", "split", "metric", "budget", "k",
+                                                          "query_id") if figure.get(k) is not None)
+            print(f"{figure['value']:.6f}  {where}")
+        if args.full:
+            print(render_text([lineage]))
+        else:
+            if shown is None:
+                print("(the report recorded no method_inputs for these methods: its whole lineage, each node once)")
+            print(render_branch(shown or lineage, [lineage]))
+            hidden = off_branch(shown or lineage, [lineage])
+            flagged = sum(bool(node.stale or node.gap) for node in hidden)
+            if hidden:
+                print(f"(+ {len(hidden)} more node{'s' if len(hidden) != 1 else ''} of the report's lineage, not "
+                      f"on this branch" + (f", {flagged} of them STALE or GAP" if flagged else "")
+                      + "; --full shows the whole lineage)")
+        print(audit["cost"].render())
+        print()
+    if earlier:
+        print(f"({earlier} earlier materialization{'s' if earlier != 1 else ''} of the same report figures not "
+              "shown; --all audits them too)")
+    return 0
+
+
+def _requested_figures(args, instance, results):
+    """The stored figures `covlab audit`/`reproduce` were asked for (--value, or --dataset, --method and
+    --metric: the latest such aggregate figure), and how many earlier materializations of them were left
+    out; UsageError when the options name none, FigureNotFound when nothing stored matches."""
+    from covlab.orchestration.lineage import confirm_reports
+
+    confirm_reports(instance, results)  # figures count once Dagster has recorded their report
+    earlier = 0
     if args.value is not None:
         figures = results.find_value(args.value, args.tolerance, confirmed_only=True)
+        if not getattr(args, "all", False):
+            figures, earlier = _newest_of_each(figures)
     elif args.dataset and args.method and args.metric:
         figures = results.figures(dataset=args.dataset, method=args.method, metric=args.metric,
                                   budget=args.budget, split=args.split, aggregate_only=True, confirmed_only=True)
         figures = figures.tail(1)  # the latest report's figure
     else:
-        print("covlab audit: give --value, or --dataset, --method and --metric", file=sys.stderr)
-        return 2
+        raise UsageError(f"{args.command}: give --value, or --dataset, --method and --metric")
     if figures.empty:
-        print("covlab audit: no stored figure matches", file=sys.stderr)
-        return 1
-    audits = audit_figures(_instance(), figures)
+        raise FigureNotFound(f"{args.command}: no stored figure matches")
+    return figures, earlier
+
+
+def reproduce_command(args) -> int:
+    """Rebuild each report materialization behind the requested figure(s) in a scratch home and compare:
+    0 when REPRODUCED, 1 when DIVERGED, 2 when the lineage cannot be rebuilt (refused, with the reason)."""
+    from covlab.orchestration.definitions import default_resources
+    from covlab.orchestration.lineage import plain
+    from covlab.orchestration.reproduce import ReproduceRefused, render, reproduce
+    from covlab.orchestration.settings import covlab_home
+
+    instance, results = _instance(), default_resources()["results"]
+    figures, _ = _requested_figures(args, instance, results)
+    rows = [plain(row) for row in figures.to_dict("records")]
+    by_report: dict[tuple, list[dict]] = {}
+    for row in rows:
+        by_report.setdefault((row["report_asset"], row["partition"], row["run_id"]), []).append(row)
+    outcomes = []
+    for group in by_report.values():
+        try:
+            result = reproduce(instance, group, covlab_home(), allow_dirty=args.allow_dirty, keep=args.keep,
+                               scratch_root=Path(args.scratch) if args.scratch else None)
+        except ReproduceRefused as exc:
+            print(f"covlab reproduce: refused: {exc}", file=sys.stderr)
+            return 2
+        outcomes.append(result)
+        if not args.json:
+            print(render(result))
     if args.json:
-        print(json.dumps([{"figures": a["figures"], "lineage": json.loads(render_json([a["lineage"]]))[0]}
-                          for a in audits], indent=2, sort_keys=True, default=str))
-        return 0
-    for audit in audits:
-        for figure in audit["figures"]:
-            where = ", ".join(f"{k}={figure[k]}" for k in ("dataset", "method", "split", "metric", "budget", "k",
-                                                          "query_id") if figure.get(k) is not None)
-            print(f"{figure['value']:.6f}  {where}")
-        print(render_text([audit["lineage"]]))
+        print(json.dumps([r.to_dict() for r in outcomes], indent=2, sort_keys=True, default=str))
+    return 0 if all(r.reproduced for r in outcomes) else 1
+
+
+def _figure_options(command: argparse.ArgumentParser, verb: str) -> None:
+    """The options by which `covlab audit` and `covlab reproduce` name stored figures."""
+    command.add_argument("--value", type=float, help=f"{verb} the stored figures equal to this number (as printed, "
+                                                     "e.g. 0.702), the newest materialization of each")
+    command.add_argument("--tolerance", type=float, default=5e-4,
+                         help="how far a stored figure may be from --value (default 5e-4: a number printed to 3 "
+                              "decimals)")
+    command.add_argument("--dataset", help=f"with --method and --metric: {verb} the latest such aggregate figure")
+    command.add_argument("--method", help="the method of the figure (`covlab audit --help` lists them)")
+    command.add_argument("--metric", help="the metric of the figure, e.g. alpha_ndcg@10")
+    command.add_argument("--split", help="query split of the figure (default: any)")
+    command.add_argument("--budget", type=int, help="token budget of the figure (budgeted reports; default: any)")
+
+
+def _newest_of_each(figures):
+    """The rows of `figures` from the newest report materialization holding each figure (same report, dataset,
+    method, budget, k, split, metric and query), and how many earlier materializations held one of them."""
+    identity = ["report_asset", "dataset", "method", "budget", "k", "split", "metric", "query_id"]
+    newest = figures.groupby(identity, dropna=False)["materialization_id"].transform("max")
+    keep = figures["materialization_id"] == newest
+    return figures[keep], int(figures.loc[~keep, "materialization_id"].nunique())
+
+
+class _AuditHelp(argparse.Action):
+    """-h/--help of `covlab audit`: the help text, then what the results store holds, read only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.print_help()
         print()
-    return 0
+        print(_stored_figures_help())
+        parser.exit()
+
+
+def _stored_figures_help() -> str:
+    """The datasets, methods, metrics and splits of the figures in the results store, for `covlab audit --help`."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from covlab.orchestration.definitions import default_resources
+    from covlab.orchestration.settings import covlab_home
+
+    results = default_resources()["results"]
+    try:
+        catalog = results.catalog()
+    except SQLAlchemyError as exc:
+        return f"the results store could not be read ({type(exc).__name__}), so no stored figures are listed"
+    finally:
+        results.dispose()
+    if not any(catalog.values()):
+        return (f"the results store under {covlab_home()} holds no figures yet: materialize a report first "
+                "(covlab demo, or covlab materialize --dataset NAME)")
+    lines = [f"in the results store under {covlab_home()}:"]
+    for name, values in catalog.items():
+        lines += textwrap.wrap(f"{name}: {', '.join(values) or '(none)'}", width=110, initial_indent="  ",
+                               subsequent_indent="    ")
+    return "\n".join(lines)
 
 
 class UsageError(ValueError):
     """A command line that cannot run as given; main prints the message on one line and exits with 2."""
 
 
+class FigureNotFound(LookupError):
+    """No stored figure matches what `covlab audit`/`reproduce` were asked for (exit status 1)."""
+
+
 def _check_args(args) -> None:
     """Refuse, before anything runs, option values that argparse's types let through."""
-    if args.command == "audit":
+    if args.command in ("audit", "reproduce"):
         if args.value is not None and not math.isfinite(args.value):
             raise UsageError(f"--value {args.value}: not a finite number; expected a figure as reported, e.g. 0.702")
         if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
@@ -296,15 +426,40 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--dataset", required=True)
     run.add_argument("--select", nargs="*", help="asset keys (default: all)")
     run.add_argument("--config", help="YAML run config (ops: <asset>: config: ...)")
-    audit = commands.add_parser("audit", help="the exact lineage of a reported number")
-    audit.add_argument("--dataset")
-    audit.add_argument("--method")
-    audit.add_argument("--metric")
-    audit.add_argument("--split", help="query split of the figure (default: any)")
-    audit.add_argument("--budget", type=int)
-    audit.add_argument("--value", type=float, help="find the stored figures equal to this number, audit each")
-    audit.add_argument("--tolerance", type=float, default=5e-4)
-    audit.add_argument("--json", action="store_true", help="machine-readable output")
+    audit = commands.add_parser(
+        "audit", help="the exact lineage of a reported number, and what it cost", add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find stored report figures and print, for each report materialization behind them, the branch "
+                    "of its lineage\nthat produced the figures' methods (one line per materialization, each once) "
+                    "and what that branch cost:\nwall seconds per step, seconds on the gpu pool, LLM calls and "
+                    "tokens, training epochs and pairs.")
+    audit.add_argument("-h", "--help", action=_AuditHelp,
+                       help="show this help and the datasets, methods, metrics and splits in the results store")
+    _figure_options(audit, "audit")
+    audit.add_argument("--all", action="store_true",
+                       help="with --value: also the figures of earlier materializations of the same report")
+    audit.add_argument("--full", action="store_true",
+                       help="the whole lineage of the report (every input) with the config, settings, model and "
+                            "data detail of each node, and its cost")
+    audit.add_argument("--json", action="store_true",
+                       help="machine-readable: the figures, the whole lineage tree in full detail and the cost "
+                            "(of the branch; with --full of the whole lineage); numbers as numbers, missing as null")
+    again = commands.add_parser(
+        "reproduce", help="rebuild a reported figure from its lineage in a scratch instance and compare",
+        description="Rebuild the report materialization behind a stored figure from what its lineage records (the "
+                    "git commit, each asset's run config, the dataset files checked against their SHA-256) in a "
+                    "scratch COVLAB_HOME, then compare each asset's content version with the recorded one in "
+                    "dependency order, and the figure with the reported one. Prints REPRODUCED (exit 0), or the "
+                    "first asset whose content differs and what differs (exit 1); exit 2 when the lineage cannot "
+                    "be rebuilt (no recorded commit, uncommitted changes, changed dataset files).")
+    _figure_options(again, "reproduce")
+    again.add_argument("--allow-dirty", action="store_true",
+                       help="rebuild with this checkout as it is when the lineage was built from uncommitted changes "
+                            "(else refused: no commit holds that code)")
+    again.add_argument("--keep", action="store_true", help="keep the scratch home even when the figure reproduced")
+    again.add_argument("--scratch", help="folder to create the scratch home in (default: the system temp folder)")
+    again.add_argument("--json", action="store_true", help="machine-readable: every asset's recorded and rebuilt "
+                                                           "content version, the figures, the times")
     slots = commands.add_parser("slots", help="concurrency-pool slots (the gpu pool): who holds them, free "
                                               "those of dead runs").add_subparsers(dest="action", required=True)
     slots.add_parser("list", help="runs holding or waiting for pool slots, and whether they are alive")
@@ -325,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             dataset_generate(args.generator, args.out, args.profile, args.seed)
         elif args.command == "audit":
             return audit_command(args)
+        elif args.command == "reproduce":
+            return reproduce_command(args)
         elif args.command == "slots":
             return slots_command(args)
         elif args.command == "dataset":
@@ -342,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, UsageError) as exc:
         print(f"covlab: {exc}", file=sys.stderr)
         return 2
+    except FigureNotFound as exc:
+        print(f"covlab {exc}", file=sys.stderr)
+        return 1
     except DagsterInvalidConfigError as exc:  # checked by Dagster against the selected assets, before any runs
         problems = "; ".join(" ".join(e.message.split()).rstrip(".") for e in exc.errors)
         print(f"covlab: {getattr(args, 'config', None) or 'run config'}: {problems}; expected config for the "

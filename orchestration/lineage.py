@@ -6,23 +6,36 @@ writer run's materialization of the same key and partition, whose recorded `cont
 Dagster's own input-event pointer (`dagster/input_event_pointer/<key>`) names the latest materialization of
 the upstream key in any partition, so it is used only for materializations without load records, and
 never followed into another partition. Never "the latest materialization" of an upstream asset: an
-upstream rematerialized since is marked stale, and a record that leads nowhere is a gap."""
+upstream rematerialized since with other content (another data version: a content hash) is marked stale,
+and a record that leads nowhere is a gap."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 
-from dagster import AssetKey, AssetRecordsFilter, DagsterEventType, DagsterInstance
+import numpy as np
+import pandas as pd
+from dagster import AssetKey, AssetRecordsFilter, AssetsDefinition, DagsterEventType, DagsterInstance, MetadataValue
 
-from covlab.resources.io_manager import CONTENT_HASH, LOAD_RECORD
+from covlab.assets.outputs import RUNTIME_METADATA, SOURCE_METADATA
+from covlab.resources.device import GPU_POOL
+from covlab.resources.io_manager import CONTENT_HASH, LOAD_RECORD, LOADED_VERSION
+from covlab.resources.llm import LLMUsage
 
 POINTER = "dagster/input_event_pointer/"
 INPUT_VERSION = "dagster/input_data_version/"
 # Metadata entries that say what shaped a materialization (recorded by the assets).
 SHAPING = ("config", "settings", "format", "path", "source_files", "model_uri", "model_name", "model_version",
-           "mlflow_run_id", "llm", "prompt_version")
+           "mlflow_run_id", "llm", "prompt_version", SOURCE_METADATA, RUNTIME_METADATA)
+# Metadata entries of a report materialization (record_report_lineage): which of its inputs produced each
+# method's rows, {method: [asset key, ...]}, and the cost of the lineage of its inputs (Cost.to_dict()).
+METHOD_INPUTS = "method_inputs"
+COST = "cost"
+LLM_USAGE = "llm_usage"  # an LLM step's share of LLMResource.take_usage()
 
 
 @dataclass
@@ -35,7 +48,12 @@ class LineageNode:
     data_version: str | None = None
     code_version: str | None = None
     content_sha256: str | None = None
+    read_version: str | None = None  # content version of the value its consumer read (load record), if any
     shaped_by: dict = field(default_factory=dict)
+    step_key: str | None = None  # the step of run_id that materialized it (one step may materialize several)
+    method_inputs: dict | None = None  # a report's METHOD_INPUTS
+    llm_usage: dict | None = None  # what the step's LLM calls took (LLM_USAGE)
+    training: dict = field(default_factory=dict)  # epochs, pairs, groups of a trained asset (_training)
     stale: str | None = None  # why the number may be out of date: a newer materialization of this asset
     gap: str | None = None  # a record that should exist and does not
     repeated: bool = False  # already shown above (the graph is a DAG)
@@ -45,11 +63,48 @@ class LineageNode:
         return asdict(self)
 
 
-def _metadata_value(value):
+def plain(value):
+    """`value` as JSON holds it: numpy scalars as Python numbers; missing values (None, NaN, pandas NA and NaT)
+    and infinities as None; dicts and lists element by element."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def metadata_value(value):
+    """A Dagster metadata entry's value as plain JSON data (other kinds as their text)."""
     raw = getattr(value, "value", value)
     if isinstance(raw, (dict, list, str, int, float, bool)) or raw is None:
-        return raw
+        return plain(raw)
     return str(raw)
+
+
+def _training(metadata: Mapping) -> dict:
+    """What a trained asset recorded of its training (assets/coverage.py, budgeted.py, mcompass.py): epochs
+    run, one entry each in `history` (coverage estimator and bi-encoder) or `epoch_losses` (MCompassRAG
+    student); training pairs, `train_pairs` (estimator), `training_pairs` (student) or LMVU's
+    `evidence.pairs.train`; the bi-encoder's training `groups` (an anchor, a positive and negatives each)."""
+    def recorded(name: str):
+        return metadata_value(metadata[name]) if name in metadata else None
+
+    def count(value) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    evidence = recorded("evidence")
+    lmvu_pairs = evidence.get("pairs") if isinstance(evidence, dict) else None
+    found = {"epochs": sum(len(v) for v in (recorded("history"), recorded("epoch_losses")) if isinstance(v, list)),
+             "pairs": count(recorded("train_pairs")) + count(recorded("training_pairs"))
+             + count(lmvu_pairs.get("train") if isinstance(lmvu_pairs, dict) else None),
+             "groups": count(recorded("groups"))}
+    return {name: n for name, n in found.items() if n}
 
 
 def _fetch(instance: DagsterInstance, key: AssetKey, storage_id: int):
@@ -82,12 +137,17 @@ class LineageWalker:
             asset_key=key.to_user_string(), partition=partition, storage_id=record.storage_id, run_id=record.run_id,
             time=datetime.fromtimestamp(record.timestamp, tz=timezone.utc).isoformat(timespec="seconds"),
             data_version=tags.get("dagster/data_version"), code_version=tags.get("dagster/code_version"),
-            content_sha256=_metadata_value(mat.metadata.get(CONTENT_HASH)),
-            shaped_by={k: _metadata_value(mat.metadata[k]) for k in SHAPING if k in mat.metadata})
+            content_sha256=metadata_value(mat.metadata.get(CONTENT_HASH)),
+            shaped_by={k: metadata_value(mat.metadata[k]) for k in SHAPING if k in mat.metadata},
+            step_key=record.event_log_entry.step_key,
+            method_inputs=metadata_value(mat.metadata[METHOD_INPUTS]) if METHOD_INPUTS in mat.metadata else None,
+            llm_usage=metadata_value(mat.metadata[LLM_USAGE]) if LLM_USAGE in mat.metadata else None,
+            training=_training(mat.metadata))
         latest = self._latest_of(key, partition)
-        if latest is not None and latest.storage_id != record.storage_id:
-            node.stale = (f"rematerialized since: storage id {latest.storage_id}, run {latest.run_id}, data version "
-                          f"{(latest.asset_materialization.tags or {}).get('dagster/data_version')}")
+        latest_version = (latest.asset_materialization.tags or {}).get("dagster/data_version") if latest else None
+        if latest is not None and latest.storage_id != record.storage_id and latest_version != node.data_version:
+            node.stale = (f"rematerialized since with other content: storage id {latest.storage_id}, run "
+                          f"{latest.run_id}, data version {latest_version}")
         if record.storage_id in self._seen:
             node.repeated = True
             return node
@@ -112,7 +172,7 @@ class LineageWalker:
         for event in self._observations[record.run_id]:
             observation = event.asset_observation
             if event.event_log_entry.step_key == step and observation and LOAD_RECORD in observation.metadata:
-                load = _metadata_value(observation.metadata[LOAD_RECORD])
+                load = metadata_value(observation.metadata[LOAD_RECORD])
                 loads[load["asset_key"]] = load
         return loads
 
@@ -133,6 +193,7 @@ class LineageWalker:
             return LineageNode(upstream, partition, None, run_id=writer, content_sha256=read_hash,
                                gap=f"run {writer} wrote the value read but recorded no materialization of it")
         node = self.node(record)
+        node.read_version = load.get(LOADED_VERSION)
         if node.content_sha256 is not None and node.content_sha256 != read_hash:
             node.gap = (f"the bytes read (sha256 {str(read_hash)[:12]}) differ from what run {writer} "
                         f"recorded (sha256 {node.content_sha256[:12]})")
@@ -202,11 +263,16 @@ def _flags(node: LineageNode) -> str:
                     "  (shown above)" if node.repeated else ""])
 
 
+def _name(node: LineageNode) -> str:
+    return node.asset_key if node.partition is None else f"{node.asset_key} [{node.partition}]"
+
+
 def _summary(node: LineageNode) -> str:
-    if node.storage_id is None and node.gap:
-        return f"{node.asset_key} [{node.partition}]"
-    return (f"{node.asset_key} [{node.partition}] run {node.run_id} at {node.time} storage {node.storage_id} "
-            f"data {node.data_version} code {node.code_version}")
+    """Every identifier of the node that is known (a gap has few), none that is missing."""
+    known = [f"{label} {value}" for label, value in (("run", node.run_id), ("at", node.time),
+                                                     ("storage", node.storage_id), ("data", node.data_version),
+                                                     ("code", node.code_version)) if value is not None]
+    return " ".join([_name(node), *known])
 
 
 def _shaping_lines(node: LineageNode) -> list[str]:
@@ -264,7 +330,7 @@ def confirm_reports(instance: DagsterInstance, results) -> list[int]:
         found = _materialization_in_run(instance, AssetKey.from_user_string(record.report_asset),
                                         record.partition, record.run_id)
         stored = found.asset_materialization.metadata.get(REPORT_ID) if found is not None else None
-        if stored is not None and _metadata_value(stored) == materialization_id:
+        if stored is not None and metadata_value(stored) == materialization_id:
             results.confirm(materialization_id)
             confirmed.append(materialization_id)
     return confirmed
@@ -272,21 +338,299 @@ def confirm_reports(instance: DagsterInstance, results) -> list[int]:
 
 def audit_figures(instance: DagsterInstance, figures) -> list[dict]:
     """For stored report figures (a results-store frame), one audit per report materialization that
-    produced them: {"figures": [...], "lineage": LineageNode}, in the frame's order."""
+    produced them, in the frame's order: {"figures": [...] (plain values, None where missing), "lineage":
+    LineageNode, "branch": report_branch(lineage, the figures' methods)}."""
     audits: dict[tuple, dict] = {}
     for row in figures.itertuples(index=False):
         source = (row.run_id, row.report_asset, row.partition)
         if source not in audits:
             audits[source] = {"figures": [], "lineage": audit_materialization(
                 instance, AssetKey.from_user_string(row.report_asset), row.partition, row.run_id)}
-        audits[source]["figures"].append({k: (None if _missing(v) else v) for k, v in row._asdict().items()
+        audits[source]["figures"].append({k: plain(v) for k, v in row._asdict().items()
                                           if k in ("dataset", "method", "budget", "k", "split", "metric",
                                                    "query_id", "value", "materialization_id")})
+    for audit in audits.values():
+        audit["branch"] = report_branch(audit["lineage"], {f["method"] for f in audit["figures"]})
     return list(audits.values())
 
 
-def _missing(value) -> bool:
-    try:
-        return value is None or value != value or str(value) == "<NA>"
-    except (TypeError, ValueError):
-        return False
+def report_branch(report: LineageNode, methods: Iterable[str]) -> LineageNode | None:
+    """`report` with only the inputs that produced the rows of `methods`, as its materialization recorded
+    them (METHOD_INPUTS); None when it recorded none, or none for one of the methods."""
+    recorded = report.method_inputs
+    if not isinstance(recorded, dict) or any(method not in recorded for method in methods):
+        return None
+    keys = {key for method in methods for key in recorded[method]}
+    return replace(report, inputs=[node for node in report.inputs if node.asset_key in keys])
+
+
+def _identity(node: LineageNode) -> tuple:
+    """A materialization is its storage id; a gap (no event) is what is missing."""
+    if node.storage_id is not None:
+        return ("materialization", node.storage_id)
+    return ("gap", node.asset_key, node.partition, node.gap)
+
+
+class _Index:
+    """Every node of some lineage trees once, by identity: the occurrence the walker expanded (its inputs
+    filled in; the others are marked repeated), with a gap found at any occurrence (a content-hash mismatch
+    is found where a value is read)."""
+
+    def __init__(self, roots: Iterable[LineageNode]):
+        self.nodes: dict[tuple, LineageNode] = {}
+        self.gaps: dict[tuple, str] = {}
+        stack = list(roots)
+        while stack:
+            node = stack.pop()
+            key = _identity(node)
+            if key not in self.nodes or (self.nodes[key].repeated and not node.repeated):
+                self.nodes[key] = node
+            if node.gap:
+                self.gaps.setdefault(key, node.gap)
+            stack.extend(node.inputs)
+
+    def spanning_tree(self, root: LineageNode) -> tuple[LineageNode, list]:
+        """(node, [subtrees]) from `root`, depth first: each node under the first input edge that reaches it."""
+        seen = {_identity(root)}
+
+        def grow(node: LineageNode) -> tuple[LineageNode, list]:
+            subtrees = []
+            for child in node.inputs:
+                key = _identity(child)
+                if key not in seen:
+                    seen.add(key)
+                    subtrees.append(grow(self.nodes[key]))
+            return node, subtrees
+
+        return grow(root)
+
+
+def unique_nodes(roots: Iterable[LineageNode]) -> list[LineageNode]:
+    """Every node of the trees `roots` once (repeated occurrences resolved to the expanded one)."""
+    return list(_Index(roots).nodes.values())
+
+
+def branch_nodes(root: LineageNode, lineage: Sequence[LineageNode]) -> list[LineageNode]:
+    """The nodes reachable from `root` (a tree of `lineage`, or cut from one: report_branch), each once, in
+    the order render_branch prints them; the inputs of each are looked up in `lineage`."""
+    found: list[LineageNode] = []
+
+    def flatten(subtree: tuple[LineageNode, list]) -> None:
+        found.append(subtree[0])
+        for child in subtree[1]:
+            flatten(child)
+
+    flatten(_Index(lineage).spanning_tree(root))
+    return found
+
+
+def off_branch(root: LineageNode, lineage: Sequence[LineageNode]) -> list[LineageNode]:
+    """The nodes of `lineage` that branch_nodes(root, lineage) does not reach."""
+    reached = {_identity(node) for node in branch_nodes(root, lineage)}
+    return [node for node in unique_nodes(lineage) if _identity(node) not in reached]
+
+
+def _asset_definitions(assets: Sequence | None) -> dict[str, AssetsDefinition]:
+    """{asset key: its AssetsDefinition} of `assets` (None: covlab's Definitions, orchestration/definitions.py)."""
+    if assets is None:
+        from covlab.orchestration.definitions import ASSETS  # here: the assets import this module
+
+        assets = ASSETS
+    return {key.to_user_string(): a for a in assets if isinstance(a, AssetsDefinition) for key in a.keys}
+
+
+def _changed_config(node: LineageNode, definition: AssetsDefinition | None) -> dict:
+    """The entries of the node's recorded config whose values differ from the defaults of its asset's Config
+    class (as the op's config schema holds them); entries the schema has no default for are left out."""
+    config = node.shaped_by.get("config")
+    schema = definition.op.config_schema if definition is not None else None
+    defaults = schema.default_value if schema is not None and schema.default_provided else None
+    if not isinstance(config, dict) or not isinstance(defaults, dict):
+        return {}
+    return {name: value for name, value in config.items() if name in defaults and plain(defaults[name]) != value}
+
+
+def _line(node: LineageNode, gap: str | None, definition: AssetsDefinition | None) -> str:
+    """One line: asset [partition], when (UTC, to the minute), short data version, code version, the config
+    that differs from the asset's defaults, the MLflow model version read, and the STALE / GAP flags."""
+    parts = [_name(node)]
+    if node.time:
+        parts.append(node.time[:16] + "Z")
+    if node.data_version:
+        parts.append(f"data {node.data_version[:12]}")
+    if node.code_version:
+        parts.append(f"code {node.code_version}")
+    parts += [f"{name}={value if isinstance(value, str) and value else json.dumps(value)}"
+              for name, value in _changed_config(node, definition).items()]
+    model = node.shaped_by.get("model_uri")
+    if isinstance(model, str):
+        parts.append(f"model {model.removeprefix('models:/')}")
+    if node.stale:
+        parts.append("STALE")
+    if gap:
+        parts.append(f"GAP ({gap})")
+    return " ".join(parts)
+
+
+def render_branch(root: LineageNode, lineage: Sequence[LineageNode], assets: Sequence | None = None) -> str:
+    """`root`'s tree one line per node (_line), each node printed once: where the DAG reaches a node again it
+    is left out. Inputs come from `lineage`, the trees `root` belongs to or was cut from (report_branch);
+    config defaults from `assets` (None: covlab's Definitions)."""
+    index, definitions = _Index(lineage), _asset_definitions(assets)
+    lines: list[str] = []
+
+    def draw(subtree: tuple[LineageNode, list], prefix: str, last: bool, top: bool) -> None:
+        node, children = subtree
+        lines.append(prefix + ("" if top else ("└─ " if last else "├─ "))
+                     + _line(node, index.gaps.get(_identity(node)), definitions.get(node.asset_key)))
+        for position, child in enumerate(children):
+            draw(child, prefix + ("" if top else ("   " if last else "│  ")), position == len(children) - 1, False)
+
+    draw(index.spanning_tree(root), "", True, True)
+    return "\n".join(lines)
+
+
+def _wrap_items(head: str, items: list[str], indent: str = "    ", width: int = 110) -> list[str]:
+    """`head`, then the items comma-separated, in lines of at most about `width` characters, each continued
+    after `indent`; an item is never split."""
+    lines, current = [], head
+    for position, item in enumerate(items):
+        piece = item + ("," if position < len(items) - 1 else "")
+        if current not in (head, indent) and len(current) + len(piece) > width:
+            lines.append(current.rstrip())
+            current = indent
+        current += piece + " "
+    return lines + [current.rstrip()]
+
+
+class StepClock:
+    """Wall seconds of the steps of runs, from their event logs: a step's first STEP_START to its
+    STEP_SUCCESS (retries and their waits included). One event-log query per run, cached."""
+
+    def __init__(self, instance: DagsterInstance):
+        self.instance = instance
+        self._runs: dict[str, dict[str, float]] = {}
+
+    def seconds(self, run_id: str, step_key: str) -> float | None:
+        if run_id not in self._runs:
+            first: dict[DagsterEventType, dict[str, float]] = {DagsterEventType.STEP_START: {},
+                                                               DagsterEventType.STEP_SUCCESS: {}}
+            for record in self.instance.get_records_for_run(run_id, of_type=set(first)).records:
+                entry = record.event_log_entry
+                if entry.step_key is not None:
+                    first[entry.dagster_event_type].setdefault(entry.step_key, entry.timestamp)
+            started, succeeded = first[DagsterEventType.STEP_START], first[DagsterEventType.STEP_SUCCESS]
+            self._runs[run_id] = {step: succeeded[step] - started[step] for step in succeeded if step in started}
+        return self._runs[run_id].get(step_key)
+
+
+@dataclass
+class StepCost:
+    """One step of a run that materialized assets of a lineage."""
+
+    run_id: str
+    step_key: str
+    assets: list[str]
+    seconds: float | None  # None: the run's event log holds no STEP_START and STEP_SUCCESS of the step
+    pool: str | None  # the concurrency pool of its asset definition (GPU_POOL: a GPU step)
+
+
+# What a Cost covers: a figure's branch, the whole lineage of a report, or the inputs of a running report.
+SCOPES = {"branch": "this branch", "lineage": "the whole lineage", "inputs": "the report's inputs"}
+
+
+@dataclass
+class Cost:
+    """What the materializations of a lineage took: the steps (each once), the LLM calls, the training."""
+
+    scope: str  # a key of SCOPES
+    steps: list[StepCost]
+    llm: dict  # LLMUsage's counters summed, and llm_steps_without_usage (recorded an LLM, not its usage)
+    training: dict  # epochs, pairs, groups summed over the trained assets (LineageNode.training)
+
+    @property
+    def seconds(self) -> float:
+        return round(sum(step.seconds for step in self.steps if step.seconds is not None), 3)
+
+    @property
+    def gpu_seconds(self) -> float:
+        return round(sum(step.seconds for step in self.steps if step.seconds is not None and step.pool == GPU_POOL), 3)
+
+    def to_dict(self) -> dict:
+        return {"scope": self.scope, "seconds": self.seconds, "gpu_seconds": self.gpu_seconds,
+                "runs": len({step.run_id for step in self.steps}), "steps": [asdict(step) for step in self.steps],
+                "steps_without_timing": sum(step.seconds is None for step in self.steps),
+                "llm": dict(self.llm), "training": dict(self.training)}
+
+    def render(self) -> str:
+        runs = len({step.run_id for step in self.steps})
+        untimed = sum(step.seconds is None for step in self.steps)
+        lines = [f"cost of {SCOPES[self.scope]}: {self.seconds:.1f} s wall in {len(self.steps)} steps of {runs} "
+                 f"run{'s' if runs != 1 else ''}, {self.gpu_seconds:.1f} s of it on the {GPU_POOL} pool"
+                 + (f" ({untimed} steps without timing in the event log)" if untimed else "")]
+        training = ", ".join(f"{self.training[name]:,} {name}" for name in ("epochs", "pairs", "groups")
+                             if name in self.training) or "none"
+        lines.append(f"  LLM: {self._llm_text()}; training: {training}")
+        per_step = [f"{step.step_key} " + (f"{step.seconds:.1f} s" if step.seconds is not None else "? s")
+                    + (f" ({step.pool})" if step.pool else "")
+                    for step in sorted(self.steps, key=lambda s: -(s.seconds or 0.0))]
+        return "\n".join(lines + _wrap_items("  per step: ", per_step))
+
+    def _llm_text(self) -> str:
+        llm, parts = self.llm, []
+        if llm["sent"] or llm["cached"]:
+            tokens = f"{llm['prompt_tokens']:,} prompt + {llm['completion_tokens']:,} completion tokens"
+            if llm["answers_without_usage"]:
+                tokens = (f"{tokens} ({llm['answers_without_usage']:,} answers reported no token usage)"
+                          if llm["prompt_tokens"] or llm["completion_tokens"] else "tokens not reported")
+            parts.append(f"{llm['sent']:,} requests sent, {llm['cached']:,} answers from the cache, {tokens}")
+        if llm["llm_steps_without_usage"]:
+            parts.append(f"{llm['llm_steps_without_usage']} LLM steps that recorded no usage")
+        return " and ".join(parts) or "no calls"
+
+
+def lineage_cost(instance: DagsterInstance, nodes: Iterable[LineageNode], scope: str = "lineage",
+                 assets: Sequence | None = None, clock: StepClock | None = None) -> Cost:
+    """The cost of the materializations among `nodes` (each counted once; gaps cost nothing): wall seconds
+    per step, a step that materialized several of them (a multi-asset) counted once per (run, step); the
+    pool of each step from its asset's definition in `assets` (None: covlab's Definitions); the LLM usage and
+    training the nodes recorded. `clock` caches event-log reads across calls."""
+    definitions, clock = _asset_definitions(assets), clock or StepClock(instance)
+    steps: dict[tuple[str, str], StepCost] = {}
+    llm = {**asdict(LLMUsage()), "llm_steps_without_usage": 0}
+    training: dict[str, int] = {}
+    counted: set[int] = set()
+    for node in nodes:
+        if node.storage_id is None or node.storage_id in counted or node.run_id is None or node.step_key is None:
+            continue
+        counted.add(node.storage_id)
+        step = steps.get((node.run_id, node.step_key))
+        if step is None:
+            seconds, definition = clock.seconds(node.run_id, node.step_key), definitions.get(node.asset_key)
+            step = steps[(node.run_id, node.step_key)] = StepCost(
+                node.run_id, node.step_key, [], round(seconds, 3) if seconds is not None else None,
+                definition.op.pool if definition is not None else None)
+        step.assets.append(node.asset_key)
+        if node.llm_usage:
+            for name in asdict(LLMUsage()):
+                llm[name] += node.llm_usage.get(name) or 0
+        elif "llm" in node.shaped_by:
+            llm["llm_steps_without_usage"] += 1
+        for name, count in node.training.items():
+            training[name] = training.get(name, 0) + count
+    return Cost(scope, list(steps.values()), llm, training)
+
+
+def record_report_lineage(context, method_inputs: Mapping[str, Sequence[AssetKey]]) -> list[LineageNode]:
+    """The lineage of what a running report reads (audit_inputs), which the report also records in its
+    metadata: `method_inputs`, the inputs that produced each method's rows (METHOD_INPUTS: a figure's
+    audit follows only its method's), and the cost of that lineage (COST, scope "inputs": the report's own
+    step is still running). Call it before the report yields its output."""
+    nodes = audit_inputs(context.instance, sorted(context.assets_def.dependency_keys), context.partition_key)
+    cost = lineage_cost(context.instance, unique_nodes(nodes), scope="inputs")
+    context.add_output_metadata({
+        METHOD_INPUTS: MetadataValue.json({method: sorted(key.to_user_string() for key in keys)
+                                           for method, keys in sorted(method_inputs.items())}),
+        COST: MetadataValue.json(cost.to_dict())},
+        output_name=context.assets_def.get_output_name_for_asset_key(context.asset_key))
+    return nodes

@@ -22,7 +22,8 @@ from dagster import ConfigurableResource
 from filelock import FileLock, Timeout
 from pydantic import Field
 
-from covlab.models.dataset import Dataset, Origin, check_dataset_name, file_hash, raise_on_problems
+from covlab.models.dataset import Dataset, Origin, check_dataset_name, raise_on_problems
+from covlab.models.versions import file_hash
 from covlab.models.schemas import SPLITS, DatasetError
 from covlab.resources.demo_dataset import build_demo_dataset
 from covlab.resources.files import read_csv, read_jsonl, read_tsv

@@ -6,7 +6,8 @@ step never leaves a half-written artifact and never damages the previous materia
 Beside each stored value a sidecar (`<partition>.parquet.written.json`) says which run and step wrote it
 and the SHA-256 of its bytes; the materialization carries the same hash as `content_sha256`. Every load
 records what it read — asset key, partition, the run that wrote it and the SHA-256 of the bytes read — as
-an asset observation in the loading run (`LOAD_RECORD` metadata). The lineage audit resolves each input of
+an asset observation in the loading run (`LOAD_RECORD` metadata), with the content version of the value
+read (`LOADED_VERSION`). The lineage audit resolves each input of
 a materialization from these records, never from Dagster's input-event pointer, which names the latest
 materialization of the upstream key in any partition.
 """
@@ -25,10 +26,15 @@ import pandas as pd
 from dagster import ConfigurableIOManager, InputContext, MetadataValue, OutputContext
 from pydantic import Field
 
+from covlab.models.versions import content_version
+
 # Metadata key of a load record (an asset observation of the input, emitted by the loading step).
 LOAD_RECORD = "covlab/loaded"
 # Metadata key of the stored bytes' hash on every materialization this IO manager stores.
 CONTENT_HASH = "content_sha256"
+# Load-record entry: the content version (models/versions.py) of the value read, comparable with the data
+# version of the materialization that wrote it and with a rebuilt value's (`covlab reproduce`).
+LOADED_VERSION = "data_version"
 SIDECAR_SUFFIX = ".written.json"
 SUFFIXES = (".parquet", ".json")  # how tables and records are stored, in lookup order
 
@@ -63,6 +69,24 @@ def store_path(root: str | Path, *segments: str, what: str = "path segment") -> 
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def stored_file(folder: Path, partition: str) -> Path | None:
+    """The file holding a partition's value in an asset's folder (`<partition>.parquet` or `.json`), or None."""
+    return next((p for p in (folder / f"{partition}{suffix}" for suffix in SUFFIXES) if p.exists()), None)
+
+
+def decode(path: Path, data: bytes):
+    """The value stored in `path` from its bytes: a DataFrame from Parquet, else a JSON record."""
+    return pd.read_parquet(io.BytesIO(data)) if path.suffix == ".parquet" else json.loads(data)
+
+
+def read_stored(base_dir: str | Path, asset_key: str, partition: str | None):
+    """The value stored for `asset_key` (user string, e.g. "selection_mmr") and `partition` under `base_dir`,
+    or None when nothing is stored: what `covlab reproduce` compares outside of a run."""
+    folder = store_path(base_dir, *asset_key.split("/"), what="asset key part")
+    path = stored_file(folder, path_segment(partition or "__all__", "partition key"))
+    return None if path is None else decode(path, path.read_bytes())
 
 
 class LocalTableIOManager(ConfigurableIOManager):
@@ -100,20 +124,17 @@ class LocalTableIOManager(ConfigurableIOManager):
 
     def load_input(self, context: InputContext) -> Any:
         folder, partition = self._folder(context)
-        for suffix in SUFFIXES:
-            path = folder / f"{partition}{suffix}"
-            if path.exists():
-                break
-        else:
+        path = stored_file(folder, partition)
+        if path is None:
             raise FileNotFoundError(f"{context.asset_key.to_user_string()} partition {partition!r}: nothing "
                                     f"stored at {folder / partition}.parquet or .json; materialize it first")
         data = path.read_bytes()
         sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
         written = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        value = decode(path, data)
         context.add_input_metadata({LOAD_RECORD: MetadataValue.json({
             "asset_key": context.asset_key.to_user_string(),
-            "partition": partition if context.has_asset_partitions else None, "written_by_run": written.get("run_id"), CONTENT_HASH: sha256_hex(data), "path": str(path)})},
+            "partition": partition if context.has_asset_partitions else None, "written_by_run": written.get("run_id"),
+            CONTENT_HASH: sha256_hex(data), LOADED_VERSION: content_version(value), "path": str(path)})},
             description="what this step read, for the lineage audit")
-        if path.suffix == ".parquet":
-            return pd.read_parquet(io.BytesIO(data))
-        return json.loads(data)
+        return value

@@ -19,6 +19,10 @@ per-read timeout only), and a miss is retried like a timeout. And at most `max_r
 read (a larger answer fails without a retry; of an error body only the first bytes are kept, for the
 message), so memory does not grow with what the server sends.
 
+What the calls cost is counted (`LLMUsage`): answers served from the cache, requests sent, and the prompt
+and completion tokens the endpoint reports in each completion's `usage`. A step records its share with
+`take_usage()` (the `llm_usage` metadata entry the lineage audit sums).
+
 The API key (pass `dagster.EnvVar("COVLAB_LLM_API_KEY")`) is sent as a bearer token and nowhere else: it is
 hidden from repr/str, left out of `describe()`, of the cache key and rows, and redacted from error messages and
 log lines. Response text is quoted in those only redacted first and then cut to `ERROR_BODY_CHARS`, so no part
@@ -35,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -185,6 +189,19 @@ class _Received:
         return self.body.decode(self.encoding, errors="replace")
 
 
+@dataclass
+class LLMUsage:
+    """What calls cost: answers served from the answer cache; requests sent to the endpoint (retries and
+    format re-asks included); the prompt and completion tokens of the answers whose response reported
+    `usage` (OpenAI-compatible endpoints do), and how many answers reported none."""
+
+    cached: int = 0
+    sent: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    answers_without_usage: int = 0
+
+
 def _retry_after_s(headers: httpx.Headers) -> float | None:
     """Seconds asked for by a Retry-After header (seconds or an HTTP date); None when absent or unreadable."""
     value = headers.get("retry-after")
@@ -236,6 +253,7 @@ class LLMResource(ConfigurableResource):
     _cache: AnswerCache | None = PrivateAttr(None)
     _slots: threading.BoundedSemaphore | None = PrivateAttr(None)
     _jitter: random.Random = PrivateAttr(default_factory=random.Random)
+    _usage: LLMUsage = PrivateAttr(default_factory=LLMUsage)
 
     # ---- public API ----------------------------------------------------------------------------------
 
@@ -261,6 +279,14 @@ class LLMResource(ConfigurableResource):
         """What shaped the answers, for asset metadata (never the key, nor credentials in the URL)."""
         return {"backend": self.backend, "model": self.model, "base_url": display_url(self.base_url),
                 "temperature": self.temperature, "max_tokens": self.max_tokens, "seed": self.seed}
+
+    def take_usage(self) -> dict:
+        """The LLMUsage counted since the last take_usage() (or since this resource was made), as a dict, and
+        restart the count. One resource instance serves every step of an in-process run, so each step that
+        calls the LLM takes its own share when it records its metadata."""
+        with self._lock:
+            taken, self._usage = self._usage, LLMUsage()
+        return asdict(taken)
 
     def chat_json(self, prompt_id: str, messages: Messages, parse: Callable[[str], T]) -> T:
         """The parsed answer to `messages`, from the cache or the endpoint. `parse` raises ValueError on a
@@ -317,7 +343,9 @@ class LLMResource(ConfigurableResource):
         cached = cache.get(key)
         if cached is not None:
             try:
-                return parse(cached), True
+                value = parse(cached)
+                self._count(cached=1)
+                return value, True
             except ValueError as exc:
                 _LOG.warning(f"{prompt_id}: the cached answer no longer parses ({self._excerpt(str(exc))}); "
                              "asking again")
@@ -355,6 +383,7 @@ class LLMResource(ConfigurableResource):
         for attempt in range(1, attempts + 1):
             retry_after, status = None, None
             with slots:
+                self._count(sent=1)
                 try:
                     received = self._receive(client, url, auth, payload)
                 except httpx.TransportError as exc:
@@ -418,13 +447,28 @@ class LLMResource(ConfigurableResource):
                              f"max_response_bytes = {self.max_response_bytes} bytes; reading stopped there"),
                 prompt_id, attempt, 200)
         try:
-            content = json.loads(received.body)["choices"][0]["message"]["content"]
+            reply = json.loads(received.body)
+            content = reply["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise LLMRequestError(
                 self._redact(f"{prompt_id}: {shown_url} answered HTTP 200 with a body that is not a chat "
                              f"completion (expected choices[0].message.content): {self._excerpt(received.text)!r}"),
                 prompt_id, attempt, 200) from None
+        self._count_tokens(reply.get("usage"))
         return content if isinstance(content, str) else ""
+
+    def _count(self, **increments: int) -> None:
+        with self._lock:
+            for name, amount in increments.items():
+                setattr(self._usage, name, getattr(self._usage, name) + amount)
+
+    def _count_tokens(self, usage: object) -> None:
+        """Add a completion's reported `usage` ({"prompt_tokens": n, "completion_tokens": m, ...})."""
+        tokens = [usage.get(name) for name in ("prompt_tokens", "completion_tokens")] if isinstance(usage, dict) else []
+        if tokens and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in tokens):
+            self._count(prompt_tokens=tokens[0], completion_tokens=tokens[1])
+        else:
+            self._count(answers_without_usage=1)
 
     def _api_key(self) -> str | None:
         # Outside a run an EnvVar field is not resolved yet; resolve it here so direct use works too.

@@ -18,7 +18,7 @@ import pandas as pd
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from covlab.models.dataset import content_hash
+from covlab.models.versions import content_version
 from covlab.models.pools import rank_within_queries
 from covlab.models.schemas import POOLS
 
@@ -106,7 +106,7 @@ class LuceneResource(ConfigurableResource):
             if target.exists():
                 shutil.rmtree(target)
             os.replace(built, target)
-        return content_hash(corpus)
+        return content_version(corpus)
 
     def index_stats(self, index: Path) -> dict[str, int]:
         configure_jvm(self.log_dir, self.max_heap_mb)

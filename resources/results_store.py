@@ -179,6 +179,19 @@ class ResultsStore(ConfigurableResource):
                  .order_by(func.abs(ReportFigure.value - value), ReportFigure.materialization_id, ReportFigure.id))
         return self._read(query)
 
+    def catalog(self) -> dict[str, list[str]]:
+        """The distinct datasets, methods, metrics and splits of the stored figures, sorted (what `covlab audit
+        --help` lists); all empty when nothing is stored. A SQLite file that does not exist is not created."""
+        columns = {"datasets": ReportFigure.dataset, "methods": ReportFigure.method, "metrics": ReportFigure.metric,
+                   "splits": ReportFigure.split}
+        database = sqlite_file(self.url)
+        if database is not None and not database.exists():
+            return {name: [] for name in columns}
+        with self.engine().connect() as connection:
+            return {name: list(connection.execute(select(column).distinct().where(column.is_not(None))
+                                                  .order_by(column)).scalars())
+                    for name, column in columns.items()}
+
     def pending(self) -> list[tuple[int, ReportRecord]]:
         """Report materializations not confirmed yet: (id, record), oldest first."""
         query = (select(ReportMaterialization).where(ReportMaterialization.confirmed_at.is_(None))
@@ -297,14 +310,22 @@ class ResultsStore(ConfigurableResource):
         return make_url(self.url).render_as_string(hide_password=True)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The database file a SQLite URL names; None for other backends, in-memory databases and file: URIs."""
+    if not url.startswith("sqlite"):
+        return None
+    database = make_url(url).database
+    if database and database != ":memory:" and not database.startswith("file:"):
+        return Path(database)
+    return None
+
+
 def ensure_sqlite_folder(url: str) -> None:
     """Create the folder of a SQLite database file (SQLite creates the file, not its folder); other URLs
     are left alone."""
-    if not url.startswith("sqlite"):
-        return
-    database = make_url(url).database
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    database = sqlite_file(url)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _record(row: ReportMaterialization) -> ReportRecord:

@@ -34,10 +34,11 @@ class Reply:
     chunk_bytes: int = 1 << 20
     chunk_interval_s: float = 0.0  # sleep between streamed chunks
     declare_length: bool = True  # send Content-Length for a streamed body (else it ends when the socket closes)
+    usage: dict | None = None  # the completion's `usage` ({"prompt_tokens": n, "completion_tokens": m}); None: absent
 
     @classmethod
-    def answer(cls, content: str, delay_s: float = 0.0) -> Reply:
-        return cls(content=content, delay_s=delay_s)
+    def answer(cls, content: str, delay_s: float = 0.0, usage: dict | None = None) -> Reply:
+        return cls(content=content, delay_s=delay_s, usage=usage)
 
     @classmethod
     def error(cls, status: int, body: str = "fake server error", retry_after: str | None = None) -> Reply:
@@ -159,6 +160,7 @@ class FakeLLMServer:
                         "model": body.get("model", ""),
                         "choices": [{"index": 0, "finish_reason": "stop",
                                      "message": {"role": "assistant", "content": reply.content}}],
+                        **({"usage": reply.usage} if reply.usage is not None else {}),
                     }).encode("utf-8")
                 try:
                     self.send_response(reply.status)

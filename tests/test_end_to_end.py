@@ -62,14 +62,71 @@ def test_audit_of_a_demo_figure_reaches_the_data(demo_home):
     rows = report[(report["method"] == "coverage_greedy") & (report["split"] == "test")
                   & (report["metric"] == "alpha_ndcg@10")]
     value = f"{rows['value'].mean():.6f}"
-    done = subprocess.run([str(ROOT / ".venv" / "bin" / "covlab"), "audit", "--value", value, "--tolerance", "1e-6"],
-                          cwd=ROOT, env={**_env(home), "DAGSTER_HOME": str(home / "dagster")}, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "method=coverage_greedy" in done.stdout
+
+    def audit(*options: str) -> str:
+        done = subprocess.run([str(ROOT / ".venv" / "bin" / "covlab"), "audit", "--value", value, "--tolerance", "1e-6",
+                               *options], cwd=ROOT, env={**_env(home), "DAGSTER_HOME": str(home / "dagster")},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    branch = audit()
+    assert "method=coverage_greedy" in branch
     for key in ("coverage_report [demo]", "selection_coverage_greedy [demo]", "coverage_estimator [demo]",
-                "corpus [demo]", "source_files", "model_uri"):
-        assert key in done.stdout, key
+                "corpus [demo]", "model covlab.demo.coverage_estimator/", "cost of this branch:", "(gpu)"):
+        assert key in branch, key
+    assert "selection_oracle_greedy" not in branch and len(branch.splitlines()) < 40
+    full = audit("--full")
+    for key in ("selection_oracle_greedy [demo]", "source_files", "model_uri", "cost of the whole lineage:"):
+        assert key in full, key
+
+
+@pytest.mark.slow
+def test_reproduce_a_demo_figure_then_name_a_tampered_table_as_the_first_divergence(demo_home, tmp_path):
+    """`covlab reproduce` rebuilds the figure's lineage in a scratch home: REPRODUCED, byte for byte. Then, in
+    a copy of the demo home, a stored selection is altered and the report re-materialized from it: the
+    altered selection is named as the first divergence, with what differs."""
+    import shutil
+
+    import pandas as pd
+
+    from covlab.resources.source import read_source_state
+
+    home, _ = demo_home
+    covlab = str(ROOT / ".venv" / "bin" / "covlab")
+    figure = ["--dataset", "demo", "--method", "coverage_greedy", "--metric", "alpha_ndcg@10", "--split", "test",
+              "--scratch", str(tmp_path)]
+
+    def run(where: Path, *command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([covlab, *command], cwd=ROOT, env={**_env(where), "DAGSTER_HOME": str(where / "dagster")},
+                              capture_output=True, text=True, timeout=900)
+
+    flags = []
+    if read_source_state().dirty:  # the demo recorded this checkout's uncommitted changes: no commit holds them
+        refused = run(home, "reproduce", *figure)
+        assert refused.returncode == 2 and "uncommitted changes" in refused.stderr, refused.stderr[-2000:]
+        flags = ["--allow-dirty"]
+    done = run(home, "reproduce", *figure, *flags)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "REPRODUCED: all" in done.stdout and "DIVERGED" not in done.stdout
+    assert not any(tmp_path.glob("reproduce-*"))  # the scratch home goes once the figure reproduced
+
+    copy = tmp_path / "tampered"
+    shutil.copytree(home, copy)
+    stored = copy / "storage" / "selection_coverage_greedy" / "demo.parquet"
+    selection = pd.read_parquet(stored)
+    queries = pd.read_parquet(copy / "storage" / "queries" / "demo.parquet")
+    tested = selection["query_id"].isin(queries.loc[queries["split"] == "test", "query_id"])
+    selection.loc[tested, "rank"] = selection.loc[tested, "rank"].max() + 1 - selection.loc[tested, "rank"]
+    selection.to_parquet(stored, index=False)
+    assert run(copy, "materialize", "--dataset", "demo", "--select", "coverage_report").returncode == 0
+    diverged = run(copy, "reproduce", *figure, *flags)
+    assert diverged.returncode == 1, diverged.stdout[-3000:] + diverged.stderr[-3000:]
+    verdict = next(line for line in diverged.stdout.splitlines() if line.startswith("DIVERGED"))
+    assert verdict.startswith("DIVERGED at selection_coverage_greedy [demo]"), diverged.stdout
+    assert "the stored value was altered after it was written" in diverged.stdout
+    assert "rank: max |difference|" in diverged.stdout
+    assert any(tmp_path.glob("reproduce-*"))  # kept for inspection
 
 
 @pytest.mark.slow

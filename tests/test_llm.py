@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, EnvVar, asset, materialize
+from dagster import DagsterInstance, EnvVar, MetadataValue, asset, materialize
 from fake_llm_server import FakeLLMServer, Reply
 from sqlalchemy import create_engine, select, text
 
@@ -261,6 +261,50 @@ def test_malformed_messages_are_refused_before_any_request(server, make_llm):
 def test_describe_is_the_metadata_without_the_key(make_llm, server):
     assert make_llm(seed=5).describe() == {"backend": "openai", "model": "fake-model", "base_url": server.url,
                                            "temperature": 0.0, "max_tokens": 1024, "seed": 5}
+
+
+NO_USAGE = {"cached": 0, "sent": 0, "prompt_tokens": 0, "completion_tokens": 0, "answers_without_usage": 0}
+
+
+def test_usage_counts_cached_and_sent_calls_and_reported_tokens(server, make_llm):
+    server.script(Reply.error(500), Reply.answer('["a"]', usage={"prompt_tokens": 12, "completion_tokens": 3}),
+                  Reply.answer('["b"]'))
+    llm = make_llm()
+    assert llm.chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]  # sent twice: the 500 was retried
+    assert llm.chat_json(PROMPT, MESSAGES, parse_subquestions) == ["a"]  # from the cache
+    assert llm.chat_json(PROMPT, [{"role": "user", "content": "another"}], parse_subquestions) == ["b"]
+    assert len(server.requests) == 3
+    assert llm.take_usage() == {"cached": 1, "sent": 3, "prompt_tokens": 12, "completion_tokens": 3,
+                                "answers_without_usage": 1}  # the last completion reported no usage
+    assert llm.take_usage() == NO_USAGE  # taken: the count restarts
+
+
+def test_each_step_of_a_run_records_its_own_llm_usage(server, cache_url):
+    """One resource instance serves every step of an in-process run; each step takes its own share."""
+    usage = {"prompt_tokens": 7, "completion_tokens": 2}
+    server.script(*[Reply.answer('["x"]', usage=usage) for _ in range(4)])
+    asked = [[{"role": "user", "content": f"question {i}"}] for i in range(4)]
+
+    @asset
+    def first_step(context, llm: LLMResource) -> int:
+        llm.chat_json_many(PROMPT, asked[:3], parse_subquestions)
+        context.add_output_metadata({"llm_usage": MetadataValue.json(llm.take_usage())})
+        return 1
+
+    @asset
+    def second_step(context, first_step: int, llm: LLMResource) -> int:
+        llm.chat_json_many(PROMPT, asked, parse_subquestions)  # three answers are cached by now
+        context.add_output_metadata({"llm_usage": MetadataValue.json(llm.take_usage())})
+        return 2
+
+    llm = LLMResource(backend="openai", base_url=server.url, model="fake-model", api_key=KEY, cache_url=cache_url)
+    with DagsterInstance.ephemeral() as instance:
+        result = materialize([first_step, second_step], resources={"llm": llm}, instance=instance)
+        recorded = {event.asset_key.to_user_string(): event.materialization.metadata["llm_usage"].value
+                    for event in result.get_asset_materialization_events()}
+    assert recorded["first_step"] == {**NO_USAGE, "sent": 3, "prompt_tokens": 21, "completion_tokens": 6}
+    assert recorded["second_step"] == {**NO_USAGE, "cached": 3, "sent": 1, "prompt_tokens": 7, "completion_tokens": 2}
+    assert KEY not in json.dumps(recorded)
 
 
 def test_api_key_is_sent_but_never_logged_stored_or_shown(server, make_llm, cache_url, tmp_path, caplog):

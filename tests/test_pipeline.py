@@ -206,18 +206,71 @@ def test_a_near_chance_estimator_warns_and_every_selection_on_it_keeps_the_fallb
         assert f"dev ROC-AUC {dev_auc:.4f} < 0.6500" in event.metadata["estimator_gate"].value, name
 
 
+def _data_version(instance, key: str) -> str:
+    record = instance.fetch_materializations(AssetKey(key), limit=1).records[0]
+    return record.asset_materialization.tags["dagster/data_version"]
+
+
+def _nightly_tick(built):
+    from datetime import datetime, timezone
+
+    from dagster import build_schedule_context
+
+    from covlab.orchestration.automation import nightly_reevaluation
+
+    defs = Definitions(assets=ASSETS, schedules=[nightly_reevaluation], resources=default_resources(built["home"]))
+    return defs.resolve_schedule_def("nightly_reevaluation")(
+        build_schedule_context(instance=built["instance"], repository_def=defs.get_repository_def(),
+                               scheduled_execution_time=datetime(2026, 12, 1, 2, tzinfo=timezone.utc)))
+
+
 @pytest.mark.slow
-def test_nightly_reruns_only_the_report_when_nothing_changed_then_only_a_changed_selector(built):
+def test_nightly_runs_nothing_when_nothing_changed_then_only_a_changed_selector_and_its_report(built):
     instance = built["instance"]
     graph = Definitions(assets=ASSETS, resources=default_resources(built["home"])).resolve_asset_graph()
-    reports = [AssetKey("comparison_report"), AssetKey("coverage_report"), AssetKey("retrieval_report")]
-    assert evaluation_selection(instance, graph, "demo") == reports
+    assert evaluation_selection(instance, graph, "demo") == []
+    from dagster import SkipReason
+
+    assert isinstance(_nightly_tick(built), SkipReason)
     from covlab.assets.selections import METHODS, selection_asset
 
     changed = [a for a in ASSETS if AssetKey("selection_oracle_greedy") not in a.keys]
     changed.append(selection_asset(next(m for m in METHODS if m.name == "oracle_greedy"), code_version="2"))
     graph = Definitions(assets=changed, resources=default_resources(built["home"])).resolve_asset_graph()
-    assert evaluation_selection(instance, graph, "demo") == [*reports, AssetKey("selection_oracle_greedy")]
+    assert evaluation_selection(instance, graph, "demo") == [AssetKey("coverage_report"),
+                                                             AssetKey("selection_oracle_greedy")]
+
+
+@pytest.mark.slow
+def test_data_versions_are_content_hashes_a_same_content_rerun_leaves_the_nightly_nothing_to_run(built):
+    """Same inputs and seeds: the same data version, nothing stale downstream. A config change that alters
+    the output: a new data version, and everything downstream of it is stale until restored."""
+    from dagster import SkipReason
+
+    from covlab.models.versions import content_version
+
+    instance, home = built["instance"], built["home"]
+    graph = Definitions(assets=ASSETS, resources=default_resources(home)).resolve_asset_graph()
+    before = _data_version(instance, "subquestions")
+    assert before == content_version(_stored(home, "subquestions"))
+    asked = built["config"]["ops"]["subquestions"]
+    materialize("demo", ["subquestions"], {"ops": {"subquestions": asked}}, instance)
+    assert _data_version(instance, "subquestions") == before
+    assert evaluation_selection(instance, graph, "demo") == []
+    assert isinstance(_nightly_tick(built), SkipReason)
+
+    fewer = {"config": {**asked["config"], "n": 2}}
+    materialize("demo", ["subquestions"], {"ops": {"subquestions": fewer}}, instance)
+    assert _data_version(instance, "subquestions") != before
+    stale = evaluation_selection(instance, graph, "demo")
+    assert {AssetKey("coverage_judgments"), AssetKey("coverage_report")} <= set(stale)
+    assert AssetKey("subquestions") not in stale and AssetKey("bm25_pools") not in stale
+    [request] = _nightly_tick(built)
+    assert request.asset_selection == stale
+
+    materialize("demo", ["subquestions"], {"ops": {"subquestions": asked}}, instance)
+    assert _data_version(instance, "subquestions") == before
+    assert evaluation_selection(instance, graph, "demo") == []
 
 
 @pytest.mark.slow
@@ -252,13 +305,6 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
     first_json = render_json([report])
     assert render_json([audit_materialization(instance, AssetKey("coverage_report"), "demo")]) == first_json
 
-    old_subquestions = instance.fetch_materializations(AssetKey("subquestions"), limit=1).records[0].storage_id
-    config = built["config"]
-    config["ops"]["subquestions"]["config"]["n"] = 4
-    materialize("demo", ["subquestions"], {"ops": {"subquestions": config["ops"]["subquestions"]}}, instance)
-    again = audit_materialization(instance, AssetKey("coverage_report"), "demo")
-    tree = json.loads(render_json([again]))[0]
-
     def find(node, key):
         if node["asset_key"] == key:
             return node
@@ -267,6 +313,13 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
             if hit:
                 return hit
 
+    # the subquestions the report read (a later same-content re-run is newer, and not stale)
+    old_subquestions = find(json.loads(first_json)[0], "subquestions")["storage_id"]
+    config = built["config"]
+    config["ops"]["subquestions"]["config"]["n"] = 4
+    materialize("demo", ["subquestions"], {"ops": {"subquestions": config["ops"]["subquestions"]}}, instance)
+    again = audit_materialization(instance, AssetKey("coverage_report"), "demo")
+    tree = json.loads(render_json([again]))[0]
     node = find(tree, "subquestions")
     assert node["storage_id"] == old_subquestions  # the version the report read, not the latest
     assert node["shaped_by"]["config"]["n"] == 10

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from covlab.assets.outputs import RUNTIME_METADATA, SOURCE_METADATA
 from covlab.assets.selections import SELECTION_ASSETS
 from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
@@ -202,7 +203,8 @@ def digest(text: str) -> str:
 def pinned(output, links: pd.DataFrame, qrels: pd.DataFrame) -> tuple:
     run = output.value
     rows = "\n".join(f"{q}\t{r}\t{d}" for q, r, d in run[["query_id", "rank", "doc_id"]].itertuples(index=False))
-    metadata = {key: value.value for key, value in output.metadata.items() if key != "settings"}
+    metadata = {key: value.value for key, value in output.metadata.items()
+                if key not in ("settings", SOURCE_METADATA, RUNTIME_METADATA)}  # the checkout and machine vary
     measured = evaluate_run(run, links, qrels, k=10, alpha=0.5).groupby("metric")["value"].mean()
     return (digest(rows), digest(json.dumps(metadata, sort_keys=True)), metadata.get("fell_back"),
             metadata.get("blend_weight"), float(measured["alpha_ndcg@10"]), float(measured["strecall@10"]))

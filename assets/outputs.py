@@ -1,0 +1,34 @@
+"""The one way an asset returns its value: an Output whose data version is the value's content version
+(models/versions.py), so that equal data versions mean equal contents, and whose metadata records the
+source code that ran (resources/source.py) and what else can change float results between machines."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+from dagster import DataVersion, MetadataValue, Output
+
+from covlab.models.versions import content_version
+from covlab.resources.source import source_state
+
+# Metadata entry of every materialization: {"commit": ..., "dirty": ...} of the code that ran.
+SOURCE_METADATA = "git"
+# Metadata entry: Python, machine and, when the step used torch, its version and intra-op thread count (a
+# different thread count may change float reductions, so a rebuild elsewhere may differ in the last bits).
+RUNTIME_METADATA = "runtime"
+
+
+def runtime() -> dict:
+    described = {"python": platform.python_version(), "machine": platform.machine()}
+    torch = sys.modules.get("torch")  # only when this step imported it: no import for steps that do not
+    if torch is not None:
+        described.update(torch=torch.__version__, torch_threads=torch.get_num_threads())
+    return described
+
+
+def content_output(value, metadata: dict | None = None, output_name: str = "result") -> Output:
+    """`value` (a DataFrame, or a JSON record) as the Output named `output_name`, versioned by content."""
+    return Output(value, output_name=output_name, data_version=DataVersion(content_version(value)),
+                  metadata={**(metadata or {}), SOURCE_METADATA: MetadataValue.json(source_state().to_dict()),
+                            RUNTIME_METADATA: MetadataValue.json(runtime())})

@@ -1,0 +1,138 @@
+"""Content versions: one stable hash of an asset's value, so that equal versions mean equal contents.
+
+Every asset's Dagster data version is `content_version(value)` (assets/outputs.py), and every load record
+carries the version of the value read (resources/io_manager.py); staleness, the nightly schedule, the
+lineage audit and `covlab reproduce` compare these.
+
+- A table hashes its column names with their dtypes and its rows as a multiset: row order and column
+  order carry no meaning in covlab's tables (a ranking says its order in a `rank` column), so a table
+  written in another order has the same version. Floats hash by their bits: a version survives only a
+  bit-identical recomputation.
+- A record (an artifact's or a registered model's value) hashes as canonical JSON without the keys that
+  say where the content lives (`PLACE_KEYS`: a storage path, an MLflow URI, run id or version number),
+  which differ between two stores holding the same content. Such records carry the hash of the content
+  itself (`content_hash`: the weights' `directory_hash`, an index's input hash), which is hashed with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# Keys of a record that name a place (storage path, MLflow run, URI, registry version), not content.
+PLACE_KEYS = frozenset({"path", "source", "uri", "version", "mlflow_run_id", "stored_at"})
+VERSION_LENGTH = 24  # hex characters kept: 96 bits
+
+
+def _cell_bytes(value) -> bytes:
+    """A canonical byte string of one cell of an object column that pandas cannot hash (a list or array)."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype.str}{value.shape}".encode() + np.ascontiguousarray(value).tobytes()
+    return json.dumps(value, sort_keys=True, default=str).encode()
+
+
+def _hashable(column: pd.Series) -> pd.Series:
+    if column.dtype != object or not column.map(lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).any():
+        return column
+    return column.map(lambda v: hashlib.sha256(_cell_bytes(v)).hexdigest())
+
+
+def table_version(frame: pd.DataFrame) -> str:
+    """Version of a table: column names and dtypes, and the multiset of its rows."""
+    columns = sorted(frame.columns, key=str)
+    digest = hashlib.sha256("|".join(f"{c}:{frame[c].dtype}" for c in columns).encode())
+    if len(frame):
+        canonical = pd.DataFrame({str(c): _hashable(frame[c]) for c in columns})
+        rows = pd.util.hash_pandas_object(canonical, index=False).to_numpy()
+        digest.update(np.sort(rows).tobytes())
+    return digest.hexdigest()[:VERSION_LENGTH]
+
+
+def record_version(record: dict | list) -> str:
+    """Version of a JSON record; a dict's top-level PLACE_KEYS are left out."""
+    if isinstance(record, dict):
+        record = {k: v for k, v in record.items() if k not in PLACE_KEYS}
+    text = json.dumps(record, sort_keys=True, default=str, allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:VERSION_LENGTH]
+
+
+def content_version(value) -> str:
+    """The content version of an asset value: a table or a JSON record (dict or list)."""
+    if isinstance(value, pd.DataFrame):
+        return table_version(value)
+    if isinstance(value, (dict, list)):
+        return record_version(value)
+    raise TypeError(f"no content version for a {type(value).__name__}; expected a DataFrame, dict or list")
+
+
+def directory_hash(folder: str | Path) -> str:
+    """SHA-256 over the files under `folder`: each relative path with the SHA-256 of its bytes, in path order.
+    Independent of where the folder lives and of file times."""
+    root = Path(folder)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0" + file_hash(path).encode())
+    return digest.hexdigest()
+
+
+def file_hash(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def value_differences(expected, found) -> list[str]:
+    """What differs between two asset values, one line each: table shapes and columns, the largest absolute
+    difference of each numeric column and the count of differing cells of the others (rows aligned by sorting
+    on every column, identifiers first); for records, the keys whose values differ. Empty: equal contents."""
+    if isinstance(expected, pd.DataFrame) and isinstance(found, pd.DataFrame):
+        return _table_differences(expected, found)
+    if isinstance(expected, dict) and isinstance(found, dict):
+        keys = sorted((set(expected) | set(found)) - PLACE_KEYS)
+        return [f"{k}: {json.dumps(expected.get(k), default=str)[:60]} vs {json.dumps(found.get(k), default=str)[:60]}"
+                for k in keys if json.dumps(expected.get(k), sort_keys=True, default=str)
+                != json.dumps(found.get(k), sort_keys=True, default=str)]
+    if content_version(expected) == content_version(found):
+        return []
+    return [f"a {type(expected).__name__} vs a {type(found).__name__}"]
+
+
+def _table_differences(expected: pd.DataFrame, found: pd.DataFrame) -> list[str]:
+    lines = []
+    if set(expected.columns) != set(found.columns):
+        only = sorted(set(expected.columns) - set(found.columns)), sorted(set(found.columns) - set(expected.columns))
+        lines.append(f"columns only in the recorded value: {only[0]}; only in the rebuilt one: {only[1]}")
+    if len(expected) != len(found):
+        return lines + [f"rows: {len(expected)} recorded vs {len(found)} rebuilt"]
+    shared = [c for c in expected.columns if c in set(found.columns)]
+    numeric = [c for c in shared if pd.api.types.is_numeric_dtype(expected[c])
+               and pd.api.types.is_numeric_dtype(found[c]) and not pd.api.types.is_bool_dtype(expected[c])]
+    others = [c for c in shared if c not in numeric]
+
+    def aligned(frame: pd.DataFrame) -> pd.DataFrame:
+        canonical = pd.DataFrame({c: _hashable(frame[c]) for c in shared})
+        return canonical.sort_values(others + numeric, kind="stable").reset_index(drop=True)
+
+    left, right = aligned(expected), aligned(found)
+    for column in shared:
+        if column in numeric:
+            a, b = left[column].astype("float64").to_numpy(), right[column].astype("float64").to_numpy()
+            both_nan = np.isnan(a) & np.isnan(b)
+            gap = np.where(both_nan, 0.0, np.abs(a - b))
+            if np.isnan(gap).any() or gap.max(initial=0.0) > 0:
+                lines.append(f"{column}: max |difference| {np.nanmax(gap, initial=0.0):.6g}"
+                             + (f", {int(np.isnan(gap).sum())} missing on one side" if np.isnan(gap).any() else ""))
+        else:
+            differing = int((left[column].astype(str) != right[column].astype(str)).sum())
+            if differing:
+                lines.append(f"{column}: {differing} of {len(left)} cells differ")
+    if not lines and str(expected.dtypes.to_dict()) != str(found.dtypes.to_dict()):
+        lines.append(f"dtypes: {expected.dtypes.astype(str).to_dict()} vs {found.dtypes.astype(str).to_dict()}")
+    return lines
