@@ -12,13 +12,18 @@ export TOKENIZERS_PARALLELISM = false
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.covlab-installed
 
-.PHONY: demo test ui mlflow-ui install bench
+.PHONY: demo test ui mlflow-ui install bench chromium
 
 demo: $(STAMP)  ## install if needed, then materialize every asset on the embedded demo dataset
 	$(BIN)/covlab demo
 
-test: $(STAMP)  ## install if needed, then run the whole test suite
+test: $(STAMP) chromium  ## install if needed, then run the whole test suite
 	$(BIN)/python -m pytest -q -rs
+
+# The browser test drives Debian's Chromium (ENVIRONMENT.md: never a browser a tool downloads itself).
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+		|| echo "could not install chromium (apt-get as root); the browser test will fail without /usr/bin/chromium"
 
 ui: $(STAMP)  ## the Dagster UI on 127.0.0.1:$(UI_PORT), on the same instance as `make demo`
 	$(BIN)/python -c "from covlab.orchestration.settings import dagster_home; dagster_home()"

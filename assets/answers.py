@@ -8,6 +8,7 @@ from pydantic import Field
 
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
+from covlab.assets.presentation import OWNERS
 from covlab.models import prompts
 from covlab.models.answers import context_nuggets, transfer_rates
 from covlab.models.coverage import document_texts, queries_of
@@ -24,7 +25,8 @@ class AnswerConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name="answers", output_required=False,
-       code_version=f"1-{prompts.ANSWER_VERSION}-{prompts.FEEDBACK_VERSION}")
+       code_version=f"1-{prompts.ANSWER_VERSION}-{prompts.FEEDBACK_VERSION}",
+       kinds={"python", "parquet"}, owners=OWNERS)
 def answers(context: AssetExecutionContext, config: AnswerConfig, selection_coverage_greedy: pd.DataFrame,
             queries: pd.DataFrame, corpus: pd.DataFrame, evaluation: EvaluationResource, llm: LLMResource):
     """For each evaluated query: the generator's answer from the coverage-greedy context, then its
@@ -48,7 +50,8 @@ def answers(context: AssetExecutionContext, config: AnswerConfig, selection_cove
                                           "config": MetadataValue.json(config.model_dump())})
 
 
-@asset(partitions_def=DATASETS, group_name="answers", code_version=f"1-{prompts.ANSWER_COVERAGE_VERSION}")
+@asset(partitions_def=DATASETS, group_name="answers", code_version=f"1-{prompts.ANSWER_COVERAGE_VERSION}",
+       kinds={"python", "parquet"}, owners=OWNERS)
 def answer_report(context: AssetExecutionContext, answers: pd.DataFrame, selection_coverage_greedy: pd.DataFrame,
                   nuggets: pd.DataFrame, nugget_links: pd.DataFrame, llm: LLMResource) -> Output[pd.DataFrame]:
     """Nugget recall of the first and the self-feedback answers (LLM-judged) and the transfer rate."""

@@ -13,18 +13,21 @@ from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, MetadataVa
 from pydantic import Field
 
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_registered_model, register_trained_model
+from covlab.assets.model_registry import load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
-from covlab.models.comparison import (BUDGETED_METHODS, BudgetedMethod, compare, cross_validated_lmvu,
+from covlab.assets.presentation import OWNERS, table_metadata
+from covlab.models.comparison import (BUDGETED_METHODS, BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS,
+                                      TOKEN_COUNTS, BudgetedMethod, compare, cross_validated_lmvu,
                                       embed_items, evaluated_query_ids, fit_lmvu, labelled_pools, markdown, method_protocols,
                                       pool_token_counts, query_pools, resolve_budgets, run_method, topic_folds)
 from covlab.models.budgeted import Budget
 from covlab.models.coverage import document_texts, load_first_stage, queries_of
 from covlab.models.encoders import default_base_model
-from covlab.models.lmvu import LMVU, LMVURanker, heldout_top1_accuracy
+from covlab.models.lmvu import FEATURE_NAMES, LMVU, LMVURanker, SelectionState, heldout_top1_accuracy
 from covlab.models.selection import estimator_trusted
 from covlab.models.tokens import TokenCounter
-from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, render_markdown
+from covlab.models.plots import budget_chart, figure_entries, markdown_image
+from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, report_lineage_markdown
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
@@ -40,6 +43,9 @@ POOL_INPUTS = ("bm25_pools", "queries", "corpus", "item_embeddings", "token_coun
 ESTIMATED_MATRIX = {"estimated": "estimated_coverage_matrix", "estimated_gold": "estimated_gold_coverage_matrix"}
 # Each method's selection asset: what the comparison reads that method's rows from.
 SELECTIONS = {m.name: f"budgeted_{m.name}" for m in BUDGETED_METHODS}
+# the comparison's headline figure (METHODS.md §2): charted per (method, budget), its paired statistics shown
+HEADLINE_METRIC = "rvc1"
+PAIRED_COLUMNS = ["mean_difference", "ci_low", "ci_high", "wins", "ties", "losses", "wilcoxon_p"]
 
 
 class EmbeddingConfig(Config):
@@ -49,7 +55,8 @@ class EmbeddingConfig(Config):
     max_length: int = Field(256, description="tokens per text")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(ITEM_EMBEDDINGS))
 @reports_peak_rss
 def item_embeddings(context: AssetExecutionContext, config: EmbeddingConfig, bm25_pools: pd.DataFrame,
                     queries: pd.DataFrame, corpus: pd.DataFrame, device: DeviceResource) -> Output[pd.DataFrame]:
@@ -69,7 +76,8 @@ class TokenConfig(Config):
     tokenizer: str = Field("", description="Hugging Face tokenizer that counts t(d) (empty: packaged MiniLM's)")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1")
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1",
+       kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(TOKEN_COUNTS))
 def token_counts(config: TokenConfig, bm25_pools: pd.DataFrame, corpus: pd.DataFrame) -> Output[pd.DataFrame]:
     """t(d), the token cost of every pooled document (METHODS.md §2 count_tokens: no special tokens, never
     truncated): (doc_id, tokens)."""
@@ -94,7 +102,8 @@ def _lmvu_settings(settings: dict) -> dict:
             "max_pairs_per_state": settings["max_pairs_per_state"], "seed": settings["seed"]}
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1")
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1",
+       kinds={"sklearn", "mlflow"}, owners=OWNERS)
 def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: pd.DataFrame,
                 queries: pd.DataFrame, corpus: pd.DataFrame, item_embeddings: pd.DataFrame,
                 token_counts: pd.DataFrame, nuggets: pd.DataFrame, nugget_links: pd.DataFrame,
@@ -107,24 +116,29 @@ def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: 
     pools = query_pools(bm25_pools, queries, item_embeddings, token_counts, corpus, ids, nuggets, nugget_links)
     split = {name: labelled_pools(pools, [q for q, p in pools.items() if p.split == name])
              for name in ("train", evaluation.tune_split)}
-    trained = fit_lmvu(budgets, **_lmvu_settings(config.model_dump()))(split["train"], split[evaluation.tune_split])
-    top1, chance = heldout_top1_accuracy(trained.ranker, split[evaluation.tune_split],
-                                         [Budget(tokens=b) for b in budgets], states_per_query=config.states_per_query,
-                                         seed=config.seed)
-    evidence = {"chosen_C": trained.C, "dev_pairwise_accuracy": trained.dev_accuracy,
-                "pairs": {"train": trained.train_pairs, "dev": trained.dev_pairs},
-                "dev_top1_accuracy": top1, "dev_top1_chance": chance}
-    with tempfile.TemporaryDirectory() as work:
-        (Path(work) / RANKER_FILE).write_text(json.dumps(trained.ranker.to_dict(), indent=2))
-        model = register_trained_model(context, tracking, artifacts, "lmvu_ranker", work,
-                                       params={**config.model_dump(), "budgets": list(budgets)},
-                                       metrics={"dev_pairwise_accuracy": trained.dev_accuracy[trained.C],
-                                                "dev_top1": top1, "chosen_C": trained.C})
+    with training_run(context, tracking, "lmvu_ranker", {**config.model_dump(), "budgets": list(budgets)}) as training:
+        trained = fit_lmvu(budgets, **_lmvu_settings(config.model_dump()))(split["train"], split[evaluation.tune_split])
+        path = [{"C": c, "dev_pairwise_accuracy": accuracy} for c, accuracy in sorted(trained.dev_accuracy.items())]
+        for step, point in enumerate(path, 1):  # the regularisation path: one step per C, smallest first
+            training.on_epoch(step, point)
+        top1, chance = heldout_top1_accuracy(trained.ranker, split[evaluation.tune_split],
+                                             [Budget(tokens=b) for b in budgets],
+                                             states_per_query=config.states_per_query, seed=config.seed)
+        evidence = {"chosen_C": trained.C, "dev_pairwise_accuracy": trained.dev_accuracy,
+                    "pairs": {"train": trained.train_pairs, "dev": trained.dev_pairs},
+                    "dev_top1_accuracy": top1, "dev_top1_chance": chance}
+        features = SelectionState(split["train"][0].pool, Budget(tokens=budgets[0])).features()[:3]
+        with tempfile.TemporaryDirectory() as work:
+            (Path(work) / RANKER_FILE).write_text(json.dumps(trained.ranker.to_dict(), indent=2))
+            model = training.register(artifacts, work,
+                                      metrics={"dev_pairwise_accuracy": trained.dev_accuracy[trained.C],
+                                               "dev_top1": top1, "chosen_C": trained.C},
+                                      example=pd.DataFrame(features, columns=list(FEATURE_NAMES)), output="score")
     return content_output({**model, "settings": config.model_dump()}, metadata={
         "coefficients": MetadataValue.json(trained.coefficients()),
         "dev_pairwise_accuracy": trained.dev_accuracy[trained.C], "evidence": MetadataValue.json(evidence),
         "budgets": MetadataValue.json(list(budgets)), "model_uri": model["uri"],
-        "config": MetadataValue.json(config.model_dump())})
+        **training.metadata(path, x="C"), "config": MetadataValue.json(config.model_dump())})
 
 
 def _query_pools(inputs: dict, ids, with_gold: bool):
@@ -160,8 +174,10 @@ def budgeted_selection_asset(method: BudgetedMethod):
     if method.covers in ESTIMATED_MATRIX:
         ins |= {"coverage": AssetIn(key=AssetKey(ESTIMATED_MATRIX[method.covers])), "coverage_estimator": AssetIn()}
     common = dict(name=SELECTIONS[method.name], ins=ins, partitions_def=DATASETS, group_name=GROUP,
-                  code_version="1", description=f"Budgeted selection: {method.description}; at every token budget "
-                                                "(query_id, budget, rank, doc_id).")
+                  code_version="1", kinds={"python", "parquet"}, owners=OWNERS,
+                  metadata=table_metadata(BUDGETED_SELECTIONS),
+                  description=f"Budgeted selection: {method.description}; at every token budget "
+                              "(query_id, budget, rank, doc_id).")
     if not method.trained:
         @asset(**common)
         def selection(evaluation: EvaluationResource, **inputs) -> Output[pd.DataFrame]:
@@ -210,7 +226,8 @@ class ComparisonConfig(Config):
 
 @asset(partitions_def=DATASETS, group_name="reports", code_version=COMPARISON_CODE_VERSION,
        ins={name: AssetIn() for name in SELECTIONS.values()}
-       | {name: AssetIn() for name in (*POOL_INPUTS, "nuggets", "nugget_links")})
+       | {name: AssetIn() for name in (*POOL_INPUTS, "nuggets", "nugget_links")},
+       kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(COMPARISON_FIGURES))
 def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, evaluation: EvaluationResource,
                       results: ResultsStore, artifacts: ArtifactStore, **inputs) -> Output[pd.DataFrame]:
     """Every budgeted method at every token budget on the reported queries (split: report_split; grouped_cv:
@@ -237,13 +254,27 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
         config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
         pd.concat([result.figures, aggregates.assign(query_id=None)], ignore_index=True).assign(
             dataset=context.partition_key, k=None))
-    lineage = record_report_lineage(context, {method: [AssetKey(name)] for method, name in SELECTIONS.items()})
+    method_inputs = {method: [AssetKey(name)] for method, name in SELECTIONS.items()}
+    lineage = record_report_lineage(context, method_inputs)
+    headline = result.figures[result.figures["metric"] == HEADLINE_METRIC]
+    headroom = (result.headroom[f"{HEADLINE_METRIC}_headroom"].rename("value").reset_index()
+                if f"{HEADLINE_METRIC}_headroom" in result.headroom else None)  # none: no oracle for it
+    paired = result.paired.xs(HEADLINE_METRIC, level="metric")[PAIRED_COLUMNS] if len(result.paired) else result.paired
     return content_output(result.figures, metadata={
-        "summary": MetadataValue.md(markdown(result.summary)),
-        "headroom": MetadataValue.md(markdown(result.headroom)),
-        "paired": MetadataValue.md(markdown(result.paired)),
+        "summary": MetadataValue.md(markdown(result.summary, 3)),
+        "figure": MetadataValue.md(markdown_image(budget_chart(headline, f"{HEADLINE_METRIC} (mean over queries) "
+                                                                         "vs token budget"), HEADLINE_METRIC)),
+        "headroom": MetadataValue.md(markdown(result.headroom, 3)),
+        **({"headroom_figure": MetadataValue.md(markdown_image(budget_chart(
+            headroom, f"{HEADLINE_METRIC} headroom: exact oracle - method (mean over queries)"), "headroom"))}
+           if headroom is not None else {}),
+        "paired": MetadataValue.md(f"{HEADLINE_METRIC} only (every metric: paired.csv in the artifacts)\n\n"
+                                   + markdown(paired, 3)),
         "protocol": evaluation.protocol, "budgets": MetadataValue.json(list(budgets)),
         "method_protocols": MetadataValue.json(protocols), "queries": len(pools),
         "seconds": round(time.perf_counter() - started, 3), "artifacts": MetadataValue.path(str(folder)),
-        REPORT_ID: stored, "lineage": MetadataValue.md(render_markdown(lineage)),
-        "config": MetadataValue.json(config.model_dump()), "settings": MetadataValue.json(evaluation.model_dump())})
+        REPORT_ID: stored, "lineage": MetadataValue.md(report_lineage_markdown(
+            context.asset_key, context.partition_key, lineage, method_inputs)),
+        "config": MetadataValue.json(config.model_dump()), "settings": MetadataValue.json(evaluation.model_dump()),
+        **{name: MetadataValue.float(value)
+           for name, value in figure_entries(result.figures, metrics=[HEADLINE_METRIC]).items()}})

@@ -1,8 +1,8 @@
-"""Asset checks on the coverage estimator: is it good enough to select by? The blocking gate on
-`coverage_estimator` warns (the run goes on, selections fall back to the coverage bi-encoder order) when
-its dev ROC-AUC is below `EvaluationResource.min_estimator_dev_auc`, and records the estimator's dev
-calibration beside it; the calibration check measures the estimated probabilities against the gold nugget
-links on the tune split's pools."""
+"""Asset checks on the coverage estimator: is it good enough to select by? The gate on
+`coverage_estimator` (read-only, not blocking) warns (the run goes on, selections fall back to the coverage
+bi-encoder order) when its dev ROC-AUC is below `EvaluationResource.min_estimator_dev_auc`, and records the
+estimator's dev calibration beside it; the calibration check measures the estimated probabilities against
+the gold nugget links on the tune split's pools."""
 
 import warnings
 
@@ -24,7 +24,7 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
                         category=PreviewWarning)
 
 
-@asset_check(asset=coverage_estimator, blocking=True, partitions_def=DATASETS,
+@asset_check(asset=coverage_estimator, partitions_def=DATASETS,
              description="the estimator's dev ROC-AUC reaches min_estimator_dev_auc; below it (WARN) selections on "
                          "its estimates keep the coverage bi-encoder order and it is not promoted to champion. "
                          "The dev Brier score and expected calibration error are recorded beside it and decide "

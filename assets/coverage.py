@@ -10,17 +10,19 @@ from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_registered_model, register_trained_model
+from covlab.assets.model_registry import load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
+from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models import prompts
 from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
                                      save_biencoder, train_coverage_biencoder)
-from covlab.models.coverage import (POOL_SCORES, document_texts, estimate_coverage, estimate_coverage_pruned,
-                                    gold_judgments, labelled_pairs, load_estimator_scorer, load_first_stage,
-                                    pool_pairs, queries_of, rated_judgments, save_estimator, training_pairs)
+from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned, gold_judgments,
+                                    labelled_pairs, load_estimator_scorer, load_first_stage, pool_pairs, queries_of,
+                                    rated_judgments, save_estimator, training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
-from covlab.models.matcher import train_matcher
 from covlab.models.encoders import default_base_model
+from covlab.models.matcher import train_matcher
+from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES
 from covlab.models.subquestions import gold_subquestions, grounded_subquestions
 from covlab.models.windows import WindowSelection
 from covlab.resources.artifacts import ArtifactStore
@@ -42,7 +44,8 @@ class SubquestionConfig(Config):
     seed: int = Field(0, description="grounded: k-means seed")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.DECOMPOSE_VERSION}")
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.DECOMPOSE_VERSION}",
+       kinds={"python", "parquet"}, owners=OWNERS)
 @reports_peak_rss
 def subquestions(context: AssetExecutionContext, config: SubquestionConfig, queries: pd.DataFrame,
                  nuggets: pd.DataFrame, bm25_pools: pd.DataFrame, corpus: pd.DataFrame, llm: LLMResource,
@@ -81,7 +84,8 @@ class JudgmentConfig(Config):
     pool_depth: int = Field(100, description="pool documents judged per query")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.JUDGE_VERSION}")
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.JUDGE_VERSION}",
+       kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(JUDGMENTS))
 def coverage_judgments(context: AssetExecutionContext, config: JudgmentConfig, queries: pd.DataFrame,
                        bm25_pools: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
                        nugget_links: pd.DataFrame, corpus: pd.DataFrame, llm: LLMResource) -> Output[pd.DataFrame]:
@@ -141,7 +145,8 @@ class EstimatorConfig(Config):
     seed: int = Field(0, description="seed for sampling, initialisation and shuffling")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3", **gpu_step(),
+       kinds={"pytorch", "mlflow"}, owners=OWNERS)
 @reports_peak_rss
 def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, coverage_judgments: pd.DataFrame,
                        subquestions: pd.DataFrame, nuggets: pd.DataFrame, corpus: pd.DataFrame,
@@ -163,16 +168,19 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                   learning_rate=config.learning_rate, seed=config.seed, device=device.torch_device(),
                   autocast_dtype=device.autocast_dtype(), progress=context.log.info)
     base_model = config.base_model or default_base_model()
-    trained = (train_matcher(base_model, train, dev, temperature=config.temperature, **common)
-               if config.architecture == "bi_encoder" else
-               train_cross_encoder(base_model, train, dev, patience=config.patience,
-                                   windows=WindowSelection(config.window_selection, config.window_stride), **common))
-    with tempfile.TemporaryDirectory() as work:
-        save_estimator(trained, work)
-        model = register_trained_model(context, tracking, artifacts, "coverage_estimator", work,
-                                       params=config.model_dump(),
-                                       metrics={"dev_auc": trained.dev_auc, "best_epoch": trained.best_epoch,
-                                                "train_pairs": len(train), "dev_pairs": len(dev)})
+    with training_run(context, tracking, "coverage_estimator", config.model_dump()) as training:
+        trained = (train_matcher(base_model, train, dev, temperature=config.temperature,
+                                 on_epoch=training.on_epoch, **common)
+                   if config.architecture == "bi_encoder" else
+                   train_cross_encoder(base_model, train, dev, patience=config.patience,
+                                       windows=WindowSelection(config.window_selection, config.window_stride),
+                                       on_epoch=training.on_epoch, **common))
+        with tempfile.TemporaryDirectory() as work:
+            save_estimator(trained, work)
+            model = training.register(artifacts, work, metrics={"dev_auc": trained.dev_auc,
+                                                                "best_epoch": trained.best_epoch,
+                                                                "train_pairs": len(train), "dev_pairs": len(dev)},
+                                      example=dev[["subquestion", "text"]].head(3), output="probability")
     # The dev figures travel with the model record: the estimator gate of the selections reads dev_auc, its
     # check records all three (assets/checks.py).
     return content_output({**model, "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
@@ -182,7 +190,7 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
         "train_pairs": len(train), "dev_pairs": len(dev), "pairs_per_split": MetadataValue.json(sizes),
         "negatives_per_positive": (config.negatives_per_positive if config.negatives_per_positive is not None
                                    else "all judged pairs"),
-        "model_uri": model["uri"], "config": MetadataValue.json(config.model_dump())})
+        "model_uri": model["uri"], **training.metadata(), "config": MetadataValue.json(config.model_dump())})
 
 
 class BiencoderConfig(Config):
@@ -197,7 +205,8 @@ class BiencoderConfig(Config):
     seed: int = Field(0, description="seed for states, sampling and training")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "mlflow"}, owners=OWNERS)
 @reports_peak_rss
 def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, coverage_judgments: pd.DataFrame,
                        queries: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
@@ -211,18 +220,20 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
     groups = coverage_groups_from_pairs(pairs, dict(zip(queries["query_id"], queries["text"])),
                                         np.random.default_rng(config.seed), max_negatives=config.max_negatives,
                                         states_per_query=config.states_per_query)
-    model, tokenizer, history = train_coverage_biencoder(
-        config.base_model or default_base_model(), groups, temperature=config.temperature, epochs=config.epochs,
-        batch_size=config.batch_size, learning_rate=config.learning_rate, max_length=config.max_length,
-        seed=config.seed, device=device.torch_device(), progress=context.log.info)
-    with tempfile.TemporaryDirectory() as work:
-        save_biencoder(model, tokenizer, work, max_length=config.max_length, history=history,
-                       settings=config.model_dump())
-        registered = register_trained_model(context, tracking, artifacts, "coverage_biencoder", work,
-                                            params=config.model_dump(),
-                                            metrics={"groups": len(groups), "final_loss": history[-1]["train_loss"]})
+    with training_run(context, tracking, "coverage_biencoder", config.model_dump()) as training:
+        model, tokenizer, history = train_coverage_biencoder(
+            config.base_model or default_base_model(), groups, temperature=config.temperature, epochs=config.epochs,
+            batch_size=config.batch_size, learning_rate=config.learning_rate, max_length=config.max_length,
+            seed=config.seed, device=device.torch_device(), progress=context.log.info, on_epoch=training.on_epoch)
+        with tempfile.TemporaryDirectory() as work:
+            save_biencoder(model, tokenizer, work, max_length=config.max_length, history=history,
+                           settings=config.model_dump())
+            registered = training.register(
+                artifacts, work, metrics={"groups": len(groups), "final_loss": history[-1]["train_loss"]},
+                example=pd.DataFrame({"query": [g.anchor for g in groups[:3]],
+                                      "document": [g.positive_text for g in groups[:3]]}), output="cosine")
     return content_output(registered, metadata={"groups": len(groups), "history": MetadataValue.json(history),
-                                                "model_uri": registered["uri"],
+                                                "model_uri": registered["uri"], **training.metadata(),
                                                 "config": MetadataValue.json(config.model_dump())})
 
 
@@ -232,7 +243,8 @@ class ScoringConfig(Config):
     max_length: int = Field(256, description="tokens per text")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(POOL_SCORES))
 @reports_peak_rss
 def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: pd.DataFrame,
                 bm25_pools: pd.DataFrame, corpus: pd.DataFrame, coverage_biencoder: dict,
@@ -293,7 +305,8 @@ def _estimated_matrix(context, config: EstimationConfig, pools: pd.DataFrame, su
         "config": MetadataValue.json(config.model_dump())})
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
 @reports_peak_rss
 def estimated_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig, bm25_pools: pd.DataFrame,
                               subquestions: pd.DataFrame, queries: pd.DataFrame, corpus: pd.DataFrame,
@@ -306,7 +319,8 @@ def estimated_coverage_matrix(context: AssetExecutionContext, config: Estimation
                              evaluation, device, tracking, artifacts)
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
 @reports_peak_rss
 def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
                                    bm25_pools: pd.DataFrame, nuggets: pd.DataFrame, queries: pd.DataFrame,

@@ -7,6 +7,7 @@ from dagster import (AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, Asset
 
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
+from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.dataset import TABLES, table_problems
 from covlab.resources.datasets import DatasetRegistry
 
@@ -15,7 +16,8 @@ CHECK_DESCRIPTION = "unique ids, references that resolve, non-empty texts"
 
 
 @multi_asset(
-    outs={name: AssetOut(code_version=INGEST_CODE_VERSION, group_name="ingest",
+    outs={name: AssetOut(code_version=INGEST_CODE_VERSION, group_name="ingest", kinds={"python", "parquet"},
+                         owners=OWNERS, metadata=table_metadata(schema),
                          description=f"The dataset's {name} table ({', '.join(schema.columns)}).")
           for name, schema in TABLES.items()},
     check_specs=[AssetCheckSpec(f"{name}_integrity", asset=name, blocking=True,

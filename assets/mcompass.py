@@ -15,8 +15,9 @@ from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey,
 from pydantic import Field
 
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_model_by_alias, load_registered_model, register_trained_model
+from covlab.assets.model_registry import load_model_by_alias, load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
+from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models import prompts
 from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, tiling_problems
 from covlab.models.comparison import markdown, topic_folds
@@ -25,12 +26,14 @@ from covlab.models.encoders import default_base_model
 from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, heldout_ie,
                                     load_student, sample_pairs, save_student, student_runs, student_variants,
                                     teacher_agreement, teacher_logits, train_student)
-from covlab.models.retrieval import dense_top_k, evidence_metrics, ranking_problems, retrieval_summary, run_table
-from covlab.models.schemas import CORPUS
+from covlab.models.retrieval import (RETRIEVAL_RUN, dense_top_k, evidence_metrics, ranking_problems, retrieval_summary,
+                                     run_table)
+from covlab.models.schemas import CHUNK_LINKS, CHUNK_QRELS, CHUNKS, CORPUS
 from covlab.models.versions import content_version
 from covlab.models.tokens import TokenCounter
 from covlab.models.topics import BankError, KMeansTopics, TopicBank, build_bank, effective_topics, topic_summary
-from covlab.orchestration.lineage import REPORT_ID, record_report_lineage
+from covlab.models.plots import figure_entries
+from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, report_lineage_markdown
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
@@ -52,9 +55,11 @@ class ChunkConfig(Config):
     tokenizer: str = Field("", description="Hugging Face tokenizer that counts tokens (empty: packaged MiniLM's)")
 
 
-@multi_asset(outs={"chunks": AssetOut(description="Retrieval units: (chunk_id, doc_id, start, end, text, tokens)."),
-                   "chunk_links": AssetOut(description="Nugget links moved to the chunks holding them."),
-                   "chunk_qrels": AssetOut(description="Qrels moved to the chunks of the judged documents.")},
+@multi_asset(outs={name: AssetOut(description=description, kinds={"python", "parquet"}, owners=OWNERS,
+                                   metadata=table_metadata(schema)) for name, schema, description in (
+                   ("chunks", CHUNKS, "Retrieval units: (chunk_id, doc_id, start, end, text, tokens)."),
+                   ("chunk_links", CHUNK_LINKS, "Nugget links moved to the chunks holding them."),
+                   ("chunk_qrels", CHUNK_QRELS, "Qrels moved to the chunks of the judged documents."))},
              partitions_def=DATASETS, group_name=GROUP, code_version="1")
 def chunks(config: ChunkConfig, corpus: pd.DataFrame, nuggets: pd.DataFrame, nugget_links: pd.DataFrame,
            qrels: pd.DataFrame):
@@ -72,7 +77,7 @@ def chunks(config: ChunkConfig, corpus: pd.DataFrame, nuggets: pd.DataFrame, nug
                              metadata={"rows": len(frame), "queries": int(frame["query_id"].nunique())})
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1")
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", kinds={"lucene"}, owners=OWNERS)
 def chunk_index(context: AssetExecutionContext, chunks: pd.DataFrame, lucene: LuceneResource,
                 artifacts: ArtifactStore) -> Output[dict]:
     """A pyserini Lucene index of the chunks (as bm25_index indexes documents): BM25's run and the teacher's
@@ -100,7 +105,8 @@ class BankConfig(Config):
     max_length: int = Field(256, description="tokens per text")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "sklearn"}, owners=OWNERS)
 @reports_peak_rss
 def topic_metadata_bank(context: AssetExecutionContext, config: BankConfig, chunks: pd.DataFrame,
                         queries: pd.DataFrame, device: DeviceResource, artifacts: ArtifactStore) -> Output[dict]:
@@ -155,7 +161,7 @@ class TeacherConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", deps=[AssetKey("coverage_estimator")],
-       **gpu_step())
+       kinds={"pytorch", "parquet"}, owners=OWNERS, **gpu_step())
 def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, queries: pd.DataFrame,
                      subquestions: pd.DataFrame, chunks: pd.DataFrame, chunk_links: pd.DataFrame,
                      chunk_qrels: pd.DataFrame, chunk_index: dict, lucene: LuceneResource, llm: LLMResource,
@@ -217,7 +223,8 @@ class StudentConfig(Config):
                                 weight_decay=self.weight_decay, alpha=self.alpha, tau=self.tau, seed=self.seed)
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "mlflow"}, owners=OWNERS)
 @reports_peak_rss
 def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topic_metadata_bank: dict,
                      mcompass_teacher: pd.DataFrame, queries: pd.DataFrame, chunks: pd.DataFrame,
@@ -233,30 +240,33 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
     vectors = _query_vectors(topic_metadata_bank)
     select = heldout_ie(bank, vectors, fold.dev, evidence(chunk_links, chunk_qrels),
                         chunks.set_index("chunk_id")["tokens"], device.torch_device())
-    trained = train_student(bank, vectors, pairs, config.student(), config.training(), device.torch_device(),
-                            progress=context.log.info, select=select,
-                            dev_pairs=mcompass_teacher[mcompass_teacher["query_id"].isin(fold.dev)])
-    with tempfile.TemporaryDirectory() as work:
-        save_student(trained.model, work, {"bank_content_hash": topic_metadata_bank["content_hash"],
-                                           "training": asdict(config.training())})
-        model = register_trained_model(context, tracking, artifacts, "mcompass_student", work,
-                                       params={**config.model_dump(), "bank": topic_metadata_bank["content_hash"]},
-                                       metrics={"train_loss": trained.epoch_losses[trained.kept_epoch - 1],
-                                                **({"dev_ie": max(trained.dev_scores)} if trained.dev_scores
-                                                   else {})})
+    params = {**config.model_dump(), "bank": topic_metadata_bank["content_hash"]}
+    with training_run(context, tracking, "mcompass_student", params) as training:
+        trained = train_student(bank, vectors, pairs, config.student(), config.training(), device.torch_device(),
+                                progress=context.log.info, select=select, on_epoch=training.on_epoch,
+                                dev_pairs=mcompass_teacher[mcompass_teacher["query_id"].isin(fold.dev)])
+        with tempfile.TemporaryDirectory() as work:
+            save_student(trained.model, work, {"bank_content_hash": topic_metadata_bank["content_hash"],
+                                               "training": asdict(config.training())})
+            model = training.register(
+                artifacts, work, metrics={"train_loss": trained.epoch_losses[trained.kept_epoch - 1],
+                                          **({"dev_ie": max(trained.dev_scores)} if trained.dev_scores else {})},
+                example=pd.DataFrame({"query": pairs["query_id"].map(dict(zip(queries["query_id"], queries["text"]))),
+                                      "chunk_id": pairs["chunk_id"]}).head(3), output="score")
     return content_output({**model, "settings": config.model_dump()}, metadata={
         "epoch_losses": MetadataValue.json([round(x, 5) for x in trained.epoch_losses]),
         "dev_losses": MetadataValue.json([round(x, 5) for x in trained.dev_losses]),
         "dev_ie": MetadataValue.json([round(x, 5) for x in trained.dev_scores]), "kept_epoch": trained.kept_epoch,
         "training_pairs": len(pairs), "training_queries": int(pairs["query_id"].nunique()),
-        "model_uri": model["uri"], "config": MetadataValue.json(config.model_dump())})
+        "model_uri": model["uri"], **training.metadata(), "config": MetadataValue.json(config.model_dump())})
 
 
 class RetrievalConfig(Config):
     depth: int = Field(100, description="chunks retrieved per query and method")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step())
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "lucene", "parquet"}, owners=OWNERS, metadata=table_metadata(RETRIEVAL_RUN))
 @reports_peak_rss
 def mcompass_retrieval(context: AssetExecutionContext, config: RetrievalConfig, mcompass_student: dict,
                        topic_metadata_bank: dict, mcompass_teacher: pd.DataFrame, queries: pd.DataFrame,
@@ -303,7 +313,8 @@ class RetrievalReportConfig(Config):
     seed: int = Field(0, description="bootstrap seed")
 
 
-@asset(partitions_def=DATASETS, group_name="reports", code_version=REPORT_CODE_VERSION)
+@asset(partitions_def=DATASETS, group_name="reports", code_version=REPORT_CODE_VERSION,
+       kinds={"python", "parquet"}, owners=OWNERS)
 def retrieval_report(context: AssetExecutionContext, config: RetrievalReportConfig, mcompass_retrieval: pd.DataFrame,
                      chunks: pd.DataFrame, chunk_links: pd.DataFrame, chunk_qrels: pd.DataFrame,
                      queries: pd.DataFrame, evaluation: EvaluationResource, results: ResultsStore,
@@ -327,14 +338,18 @@ def retrieval_report(context: AssetExecutionContext, config: RetrievalReportConf
         config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
         pd.concat([rows, means.assign(query_id=None, split=None)], ignore_index=True).assign(
             dataset=context.partition_key, budget=config.token_budget, k=None))
-    record_report_lineage(context, {str(method): [AssetKey("mcompass_retrieval")]  # every method's run is in it
-                                    for method in rows["method"].unique()})
+    method_inputs = {str(method): [AssetKey("mcompass_retrieval")]  # every method's run is in it
+                     for method in rows["method"].unique()}
+    lineage = record_report_lineage(context, method_inputs)
     return content_output(rows, metadata={
         "summary": MetadataValue.md(markdown(summary)), "paired": MetadataValue.md(markdown(paired)),
         "queries": int(rows["query_id"].nunique()),
         "queries_without_evidence": MetadataValue.json(figures.without_evidence),
         "protocol": evaluation.protocol, "artifacts": MetadataValue.path(str(folder)), REPORT_ID: stored,
-        "config": MetadataValue.json(config.model_dump())})
+        "lineage": MetadataValue.md(report_lineage_markdown(context.asset_key, context.partition_key, lineage,
+                                                            method_inputs)),
+        "config": MetadataValue.json(config.model_dump()),
+        **{name: MetadataValue.float(value) for name, value in figure_entries(rows).items()}})
 
 
 @asset_check(asset="chunks", blocking=True, partitions_def=DATASETS, additional_ins={"corpus": AssetIn()},

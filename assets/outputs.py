@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import platform
 import sys
+import warnings
 
-from dagster import DataVersion, MetadataValue, Output
+import pandas as pd
+from dagster import BetaWarning, DataVersion, MetadataValue, Output
 
 from covlab.models.versions import content_version
 from covlab.resources.source import source_state
@@ -17,6 +19,7 @@ SOURCE_METADATA = "git"
 # Metadata entry: Python, machine and, when the step used torch, its version and intra-op thread count (a
 # different thread count may change float reductions, so a rebuild elsewhere may differ in the last bits).
 RUNTIME_METADATA = "runtime"
+ROW_COUNT = "dagster/row_count"  # metadata entry of every table materialization (the UI's row count)
 
 
 def runtime() -> dict:
@@ -28,7 +31,15 @@ def runtime() -> dict:
 
 
 def content_output(value, metadata: dict | None = None, output_name: str = "result") -> Output:
-    """`value` (a DataFrame, or a JSON record) as the Output named `output_name`, versioned by content."""
-    return Output(value, output_name=output_name, data_version=DataVersion(content_version(value)),
-                  metadata={**(metadata or {}), SOURCE_METADATA: MetadataValue.json(source_state().to_dict()),
-                            RUNTIME_METADATA: MetadataValue.json(runtime())})
+    """`value` (a DataFrame, or a JSON record) as the Output named `output_name`, versioned by content; a
+    DataFrame's row count recorded as `dagster/row_count`."""
+    rows = {ROW_COUNT: len(value)} if isinstance(value, pd.DataFrame) else {}
+    with warnings.catch_warnings():
+        # Dagster 1.13 marks Output's `data_version` beta and warns on every call; content-hash data versions
+        # are what covlab is built on (DESIGN.md), so that one warning is silenced, here only.
+        warnings.filterwarnings("ignore", message=r"Parameter `data_version` of initializer `Output\.__init__`",
+                                category=BetaWarning)
+        return Output(value, output_name=output_name, data_version=DataVersion(content_version(value)),
+                      metadata={**(metadata or {}), **rows,
+                                SOURCE_METADATA: MetadataValue.json(source_state().to_dict()),
+                                RUNTIME_METADATA: MetadataValue.json(runtime())})

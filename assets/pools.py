@@ -9,7 +9,9 @@ from pydantic import Field
 
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
+from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.pools import merge_given_and_distractors
+from covlab.models.schemas import POOLS
 from covlab.models.versions import content_version
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.datasets import DatasetRegistry
@@ -17,7 +19,7 @@ from covlab.resources.device import reports_peak_rss
 from covlab.resources.lucene import LuceneResource
 
 
-@asset(partitions_def=DATASETS, code_version="1", group_name="retrieval")
+@asset(partitions_def=DATASETS, code_version="1", group_name="retrieval", kinds={"lucene"}, owners=OWNERS)
 @reports_peak_rss
 def bm25_index(context: AssetExecutionContext, corpus: pd.DataFrame, lucene: LuceneResource,
                artifacts: ArtifactStore) -> Output[dict]:
@@ -41,7 +43,8 @@ class PoolConfig(Config):
                                              "as distractors; -1 = the dataset's default (Perspectrum 20, else 0)")
 
 
-@asset(partitions_def=DATASETS, code_version="1", group_name="retrieval")
+@asset(partitions_def=DATASETS, code_version="1", group_name="retrieval", kinds={"lucene", "parquet"},
+       owners=OWNERS, metadata=table_metadata(POOLS))
 @reports_peak_rss
 def bm25_pools(context: AssetExecutionContext, config: PoolConfig, queries: pd.DataFrame,
                candidates: pd.DataFrame, bm25_index: dict, lucene: LuceneResource,

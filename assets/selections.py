@@ -12,9 +12,10 @@ from dagster import AssetIn, AssetKey, MetadataValue, Output, asset
 
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
+from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.coverage import queries_of, rank_pool_by
-from covlab.models.selection import (ESTIMATED, GOLD, CoverageColumns, GreedyCoverage, RelevanceSelection, KSelector,
-                                     SoftGreedyCoverage, select_per_query, select_trusting_estimate)
+from covlab.models.selection import (ESTIMATED, GOLD, SELECTIONS, CoverageColumns, GreedyCoverage, RelevanceSelection,
+                                     KSelector, SoftGreedyCoverage, select_per_query, select_trusting_estimate)
 from covlab.resources.evaluation import EvaluationResource
 
 
@@ -92,7 +93,8 @@ def selection_asset(spec: SelectionMethod, code_version: str | None = None):
     method also its coverage matrix; one on estimated coverage also the estimator (its gate) and the gold
     nugget links (its blend weight is chosen on the tune split)."""
     common = dict(name=f"selection_{spec.name}", partitions_def=DATASETS, group_name="selections",
-                  code_version=code_version or ("3" if spec.estimated else "1"),
+                  code_version=code_version or ("3" if spec.estimated else "1"), kinds={"python", "parquet"},
+                  owners=OWNERS, metadata=table_metadata(SELECTIONS),
                   description=f"Selection: {spec.description}.")
     if spec.ranking is None and spec.coverage is None:
         @asset(**common)

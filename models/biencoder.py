@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 
 from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches, mean_pool,
-                                    read_info, run_batches, save_model_directory, seeded, tokenize)
+                                    quiet_loading, read_info, run_batches, save_model_directory, seeded, tokenize)
 
 COVERED_MARKER = "[COVERED]"
 NOTHING_COVERED = "none"
@@ -196,11 +196,13 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
                              max_length: int = 256, seed: int = 0, device: torch.device = CPU,
                              autocast_dtype: torch.dtype | None = None,
                              progress: Callable[[str], None] | None = None,
-                             after_epoch: Callable[[torch.nn.Module, object], dict] | None = None):
+                             after_epoch: Callable[[torch.nn.Module, object], dict] | None = None,
+                             on_epoch: Callable[[int, dict], None] | None = None):
     """(model, tokenizer, history): `base_model` (the relevance bi-encoder) fine-tuned with InfoNCE over
     [positive, group negatives, the other groups' documents in the batch] at `temperature`; AdamW with
     linear warmup and decay; history has one {epoch, train_loss} per epoch, plus what `after_epoch`
-    (model in eval mode, tokenizer) returns, e.g. a dev score. Bit-identical on CPU per seed."""
+    (model in eval mode, tokenizer) returns, e.g. a dev score; `on_epoch(epoch, figures)` gets those figures
+    as soon as an epoch ends. Bit-identical on CPU per seed."""
     from transformers import AutoModel, AutoTokenizer
 
     if not groups:
@@ -209,7 +211,8 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
     history = []
     with seeded(seed, device) as shuffle:
         tokenizer = AutoTokenizer.from_pretrained(base_model)
-        model = AutoModel.from_pretrained(base_model).to(device)
+        with quiet_loading():
+            model = AutoModel.from_pretrained(base_model).to(device)
         steps = OptimizerSteps(model, learning_rate=learning_rate, weight_decay=weight_decay,
                                warmup_ratio=warmup_ratio, total_steps=epochs * math.ceil(len(groups) / batch_size),
                                max_grad_norm=max_grad_norm, device=device, autocast_dtype=autocast_dtype)
@@ -228,6 +231,8 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
                 history[-1].update(after_epoch(model, tokenizer))
             log(f"bi-encoder epoch {epoch}/{epochs}: " + ", ".join(f"{k} {v:.4f}" for k, v in history[-1].items()
                                                                     if k != "epoch"))
+            if on_epoch is not None:
+                on_epoch(epoch, {k: v for k, v in history[-1].items() if k != "epoch"})
     model.eval()
     return model, tokenizer, history
 
@@ -255,5 +260,6 @@ def load_biencoder(path_or_name: str | os.PathLike, device: torch.device = CPU):
     Hugging Face encoder path or name, untrained: the relevance bi-encoder (info {})."""
     from transformers import AutoModel, AutoTokenizer
 
-    model = AutoModel.from_pretrained(str(path_or_name)).to(device).eval()
+    with quiet_loading():
+        model = AutoModel.from_pretrained(str(path_or_name)).to(device).eval()
     return model, AutoTokenizer.from_pretrained(str(path_or_name)), read_info(path_or_name)

@@ -21,23 +21,12 @@ from covlab.models.budgeted import (MMR, AdaGReS, Budget, CoverageGreedy, Facili
 from covlab.models.lmvu import LMVU, LabelledPool, TrainedLMVU, train_lmvu
 from covlab.models.metrics import evaluate_run
 from covlab.models.oracles import rvc1_oracle, rvc2_oracle
-from covlab.models.schemas import Schema
+from covlab.models.schemas import BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS, TOKEN_COUNTS
 from covlab.models.selection import ESTIMATED, Trust, query_matrix
 from covlab.models.statistics import paired_comparison
 from covlab.models.subquestions import split_sentences
 from covlab.models.viewpoints import iou, redundancy, rvc1, rvc2
 
-# Embeddings of what the budgeted selectors read: every pooled query ("query"), document ("document") and,
-# for documents of two or more sentences, each sentence ("atom", numbered from 0; LMVU's atomic features).
-ITEM_EMBEDDINGS = Schema("item_embeddings", {"kind": "string", "item_id": "string", "atom": "int64",
-                                             "vector": "object"}, key=("kind", "item_id", "atom"))
-TOKEN_COUNTS = Schema("token_counts", {"doc_id": "string", "tokens": "int64"}, key=("doc_id",))
-BUDGETED_SELECTIONS = Schema("budgeted_selections", {"query_id": "string", "budget": "int64", "rank": "int64",
-                                                     "doc_id": "string"}, key=("query_id", "budget", "rank"))
-# Per-query measures of the comparison: one row per method, token budget, query and metric.
-COMPARISON_FIGURES = Schema("comparison_figures", {"method": "string", "budget": "int64", "query_id": "string",
-                                                   "split": "string", "metric": "string", "value": "float64"},
-                            key=("method", "budget", "query_id", "metric"))
 
 # Default token budgets per dataset [chosen]: items of at most SHORT_ITEM_MEDIAN_TOKENS tokens (median) are
 # short evidence items (ArgKP and Perspectrum arguments, ~20 tokens), where 32-256 tokens separate the

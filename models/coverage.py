@@ -8,22 +8,15 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from covlab.models.schemas import Schema
+from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, document_text
 
-JUDGMENTS = Schema("coverage_judgments", {"query_id": "string", "doc_id": "string", "subq_id": "string",
-                                          "split": "string", "rating": "int64", "covered": "bool"},
-                   key=("query_id", "doc_id", "subq_id"))
-COVERAGE_MATRIX = Schema("coverage_matrix", {"query_id": "string", "doc_id": "string", "subq_id": "string",
-                                             "probability": "float64"}, key=("query_id", "doc_id", "subq_id"))
-POOL_SCORES = Schema("pool_scores", {"query_id": "string", "doc_id": "string", "relevance": "float64",
-                                     "coverage_trained": "float64"}, key=("query_id", "doc_id"))
 COVERED_RATING = 4  # CRUX: a rating >= 4 counts as covered
 GOLD_RATING = (0, 5)  # [chosen] gold links as ratings: unlinked 0, linked 5
 
 
 def document_texts(corpus: pd.DataFrame) -> dict[str, str]:
-    """doc_id -> the text models read: title and text joined as the BM25 index joins them."""
-    return {d: f"{t}\n{x}" if t else x for d, t, x in corpus[["doc_id", "title", "text"]].itertuples(index=False)}
+    """doc_id -> the text models read (schemas.document_text, as the BM25 index reads it)."""
+    return {d: document_text(t, x) for d, t, x in corpus[["doc_id", "title", "text"]].itertuples(index=False)}
 
 
 def queries_of(queries: pd.DataFrame, splits: Sequence[str]) -> pd.DataFrame:

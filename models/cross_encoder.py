@@ -26,9 +26,10 @@ from sklearn.metrics import roc_auc_score
 
 from covlab.models.dataset import Dataset
 from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches,
-                                    read_info, run_batches, save_model_directory, seeded, shuffled_length_batches,
-                                    tokenize)
+                                    quiet_loading, read_info, run_batches, save_model_directory, seeded,
+                                    shuffled_length_batches, tokenize)
 from covlab.models.metrics import brier_score, expected_calibration_error
+from covlab.models.schemas import document_text
 from covlab.models.windows import WindowSelection, select_windows
 
 PAIR_COLUMNS = ("subquestion", "text", "label")
@@ -52,14 +53,14 @@ class TrainedCrossEncoder:
 
 def gold_coverage_pairs(dataset: Dataset, split: str) -> pd.DataFrame:
     """Every (nugget, candidate document) pair of the `split` queries, label 1 iff nugget_links has it:
-    (query_id, doc_id, nugget_id, subquestion, text, label). A document's text is its title and text,
-    joined as the BM25 index joins them."""
+    (query_id, doc_id, nugget_id, subquestion, text, label). A document's text is schemas.document_text,
+    as the BM25 index reads it."""
     queries = dataset.queries.loc[dataset.queries["split"] == split, ["query_id"]]
     if queries.empty:
         raise ValueError(f"dataset {dataset.name!r} has no {split!r} queries; expected one of "
                          f"{sorted(dataset.queries['split'].unique())}")
     nuggets = dataset.nuggets.merge(queries, on="query_id").rename(columns={"text": "subquestion"})
-    docs = dataset.corpus.assign(text=[f"{t}\n{x}" if t else x for t, x in
+    docs = dataset.corpus.assign(text=[document_text(t, x) for t, x in
                                        zip(dataset.corpus["title"], dataset.corpus["text"])])
     candidates = dataset.candidates.merge(docs[["doc_id", "text"]], on="doc_id")
     pairs = nuggets.merge(candidates, on="query_id")
@@ -95,7 +96,8 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
                         pos_weight: float | None = None, max_grad_norm: float = 1.0,
                         eval_batch_size: int = 64, autocast_dtype: torch.dtype | None = None,
                         windows: WindowSelection | None = None,
-                        progress: Callable[[str], None] | None = None) -> TrainedCrossEncoder:
+                        progress: Callable[[str], None] | None = None,
+                        on_epoch: Callable[[int, dict], None] | None = None) -> TrainedCrossEncoder:
     """Fine-tune `base_model` (any Hugging Face encoder path or name) with a fresh one-logit head.
 
     Loss: BCE-with-logits; `pos_weight` multiplies the positive term (e.g. negatives/positives against
@@ -105,7 +107,8 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     ROC-AUC has not improved for `patience` epochs; the best epoch's weights and dev figures are kept. With
     `windows`, pairs longer than `max_length` read the selected window of their document (train and dev
     alike); without, they are truncated. `progress` gets each epoch's done/total, rate and ETA
-    (encoders.Progress) and its dev figures."""
+    (encoders.Progress) and its dev figures; `on_epoch(epoch, figures)` gets that epoch's history entry
+    (train_loss, dev_auc, dev_brier, dev_ece) as soon as it is measured."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     train, dev = checked_pairs(train, "train"), checked_pairs(dev, "dev", both_labels=True)
@@ -121,7 +124,8 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
                                                        max_length, windows, batch_size=eval_batch_size, device=device,
                                                        autocast_dtype=autocast_dtype, progress=progress))
                       for frame in (train, dev))
-        model = AutoModelForSequenceClassification.from_pretrained(base_model, num_labels=1).to(device)
+        with quiet_loading(new_head=True):
+            model = AutoModelForSequenceClassification.from_pretrained(base_model, num_labels=1).to(device)
         tokenized = tokenize(tokenizer, train["subquestion"], train["text"], max_length)
         labels = torch.tensor(train["label"].to_numpy(), dtype=torch.float32)
         dev_pairs = list(zip(dev["subquestion"], dev["text"]))
@@ -151,6 +155,8 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
                                     "dev_brier": brier, "dev_ece": ece})
             log(f"cross-encoder epoch {epoch}/{epochs}: train loss {total / len(train):.4f}, dev ROC-AUC {auc:.4f}, "
                 f"Brier {brier:.4f}, ECE {ece:.4f}")
+            if on_epoch is not None:
+                on_epoch(epoch, {k: v for k, v in trained.history[-1].items() if k != "epoch"})
             if auc > trained.dev_auc:
                 trained.dev_auc, trained.dev_brier, trained.dev_ece = auc, brier, ece
                 trained.best_epoch, stale = epoch, 0
@@ -191,11 +197,6 @@ def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_siz
     return probs
 
 
-def covered(probs: np.ndarray, tau: float) -> np.ndarray:
-    """The binarised coverage matrix: p >= tau (METHODS.md §1, tau = 0.3 by the callers' config)."""
-    return np.asarray(probs) >= tau
-
-
 def save_cross_encoder(trained_or_model: TrainedCrossEncoder | torch.nn.Module, tokenizer,
                        directory: str | os.PathLike, *, max_length: int | None = None) -> Path:
     """Save weights (safetensors), tokenizer and covlab.json (max_length, window selection and the training
@@ -221,5 +222,6 @@ def load_cross_encoder(directory: str | os.PathLike, device: torch.device = CPU)
     encoder path or name loads too, with a fresh one-logit head and info {}."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(str(directory), num_labels=1).to(device).eval()
+    with quiet_loading(new_head=not read_info(directory)):  # a plain encoder gets a fresh head
+        model = AutoModelForSequenceClassification.from_pretrained(str(directory), num_labels=1).to(device).eval()
     return model, AutoTokenizer.from_pretrained(str(directory)), read_info(directory)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -53,6 +54,30 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     if dtype is None:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def quiet_loading(new_head: bool = False) -> Iterator[None]:
+    """Around loading or saving weights with transformers: no tqdm bars ("Loading weights", "Writing model
+    shards"), which would cut through the run's log lines; with `new_head`, also no LOAD REPORT, a warning
+    that lists the freshly initialised task head (classifier.*) as MISSING, as it must be when a classifier
+    is built on a base encoder. The previous settings are restored afterwards."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    bars, hub_bars_off, verbosity = (hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled(),
+                                     hf_logging.get_verbosity())
+    hf_logging.disable_progress_bar()
+    if new_head:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()  # also the hub's bars: turn those off again if they were
+            if hub_bars_off:
+                disable_progress_bars()
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,10 @@ def shuffled_length_batches(lengths: np.ndarray, batch_size: int, generator: tor
         chunk = chunk[torch.from_numpy(np.argsort(-lengths[chunk.numpy()], kind="stable"))]
         batches.extend(chunk.split(batch_size))
     return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
+
+
+# A Progress message, as Progress.message writes it: what a reader of the log (orchestration/console.py) matches.
+PROGRESS_MESSAGE = re.compile(r"^(?P<label>.+): (?P<done>\d+)/(?P<total>\d+) \(\d+%\), \S+ \S+/s, ETA \S+$")
 
 
 class Progress:
@@ -242,7 +271,8 @@ def save_model_directory(model, tokenizer, directory: str | os.PathLike, info: d
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
     try:
-        model.save_pretrained(staging, safe_serialization=True)
+        with quiet_loading():
+            model.save_pretrained(staging, safe_serialization=True)
         for option in LOADING_OPTIONS:  # how this process loaded it, not what it is: kept out of the bytes
             tokenizer.init_kwargs.pop(option, None)
         tokenizer.save_pretrained(staging)

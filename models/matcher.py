@@ -90,10 +90,12 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
                   epochs: int = 1, batch_size: int = 16, learning_rate: float = 5e-5, max_length: int = 256,
                   max_negatives: int = 7, seed: int = 0, device: torch.device = CPU,
                   autocast_dtype: torch.dtype | None = None,
-                  progress: Callable[[str], None] | None = None) -> TrainedMatcher:
+                  progress: Callable[[str], None] | None = None,
+                  on_epoch: Callable[[int, dict], None] | None = None) -> TrainedMatcher:
     """Fine-tune `base_model` (a bi-encoder) on the covered pairs of `train` (module docstring), then fit
     Platt scaling on all `dev` pairs; dev Brier score and ECE measure the calibrated dev probabilities (on
-    the pairs the scaling was fitted on, so they flatter it a little). Same seed, same weights on CPU."""
+    the pairs the scaling was fitted on, so they flatter it a little). Same seed, same weights on CPU.
+    `on_epoch(epoch, figures)` gets each epoch's train_loss and dev_auc as soon as it ends."""
     train = checked_pairs(train, "train", ("query_id", "nugget_id", *PAIR_COLUMNS))
     dev = checked_pairs(dev, "dev", both_labels=True)
     groups = matching_groups(train, np.random.default_rng(seed), max_negatives)
@@ -110,7 +112,7 @@ def train_matcher(base_model: str, train: pd.DataFrame, dev: pd.DataFrame, *, te
     model, tokenizer, history = train_coverage_biencoder(
         base_model, groups, temperature=temperature, epochs=epochs, batch_size=batch_size,
         learning_rate=learning_rate, max_length=max_length, seed=seed, device=device, autocast_dtype=autocast_dtype,
-        progress=progress, after_epoch=score_dev)
+        progress=progress, after_epoch=score_dev, on_epoch=on_epoch)
     scores, labels = dev_scores[0], dev["label"].to_numpy()
     calibration = PlattScaling.fit(scores, labels)
     probs = calibration(scores)

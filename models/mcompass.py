@@ -343,13 +343,15 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
                   settings: StudentSettings = StudentSettings(), training: TrainingSettings = TrainingSettings(),
                   device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
                   dev_pairs: pd.DataFrame | None = None,
-                  select: Callable[[MCompassStudent], float] | None = None) -> TrainedStudent:
+                  select: Callable[[MCompassStudent], float] | None = None,
+                  on_epoch: Callable[[int, dict], None] | None = None) -> TrainedStudent:
     """Train a student on `pairs` (query_id, chunk_id, label, teacher_logit: NaN where no teacher) and keep
     the weights of one epoch: the highest `select` score (held-out queries' retrieval, `heldout_ie`) when
     given, else the lowest loss on `dev_pairs` (other queries' pairs) when given, else the last. Selection
     matters: a few dozen training queries are memorised within a few epochs, and on Perspectrum's dev claims
     the pair loss was lowest at epoch 3 while whole-corpus IE peaked at epoch 1 and fell below dense cosine's
-    by epoch 3. The same seed and inputs give identical weights on CPU (`seeded`)."""
+    by epoch 3. The same seed and inputs give identical weights on CPU (`seeded`). `on_epoch(epoch, figures)`
+    gets each epoch's (1-based) train_loss, and dev_loss and dev_score where measured, as soon as it ends."""
     if pairs.empty:
         raise ValueError("no training pairs: none of the training queries has evidence chunks")
     tensors = BankTensors.of(bank, device)
@@ -388,6 +390,10 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
                 trained.kept_epoch = epoch + 1
             if progress:
                 progress(message)
+            if on_epoch is not None:
+                on_epoch(epoch + 1, {"train_loss": trained.epoch_losses[-1],
+                                     **({"dev_loss": trained.dev_losses[-1]} if dev is not None else {}),
+                                     **({"dev_score": trained.dev_scores[-1]} if select is not None else {})})
     if best is not None:
         model.load_state_dict(best)
     else:

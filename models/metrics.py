@@ -22,12 +22,8 @@ import numpy as np
 import pandas as pd
 from ir_measures import P, StRecall, alpha_nDCG, nDCG
 
-from covlab.models.schemas import Schema
+from covlab.models.schemas import PER_QUERY_METRICS
 
-# Per-query figures and their means: the tables every report builds on.
-PER_QUERY_METRICS = Schema("per_query_metrics", {"query_id": "string", "metric": "string", "value": "float64"},
-                           key=("query_id", "metric"))
-METRIC_SUMMARY = Schema("metric_summary", {"metric": "string", "mean": "float64", "n": "int64"}, key=("metric",))
 NDEVAL_MAX_CUTOFF = 20  # ndeval's compiled limit
 CALIBRATION_BINS = 10  # equal-width probability bins of the expected calibration error
 
@@ -81,13 +77,6 @@ def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFr
         rows += [{"query_id": q, "metric": name, "value": float(values.get(q, 0.0))} for q in query_ids]
     return PER_QUERY_METRICS.conform(pd.DataFrame(rows, columns=list(PER_QUERY_METRICS.columns)),
                                      source="evaluate_run")
-
-
-def summarize(per_query: pd.DataFrame) -> pd.DataFrame:
-    """METRIC_SUMMARY: the mean of each metric over its queries and how many queries that is."""
-    _require(per_query, tuple(PER_QUERY_METRICS.columns), "per_query")
-    summary = per_query.groupby("metric", sort=False)["value"].agg(mean="mean", n="size").reset_index()
-    return METRIC_SUMMARY.conform(summary, source="summarize")
 
 
 def brier_score(labels: np.ndarray, probs: np.ndarray) -> float:

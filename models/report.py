@@ -36,10 +36,30 @@ def evaluate_selections(selections: dict[str, pd.DataFrame], nugget_links: pd.Da
     return table[["method", "query_id", "split", "metric", "value"]]
 
 
+def method_means(per_query: pd.DataFrame) -> pd.DataFrame:
+    """(method, split, metric, value): each metric's mean over the queries of a split, per method; the one
+    average behind Table 1, the stored report figures and the dev scores that decide promotion."""
+    return per_query.groupby(["method", "split", "metric"], as_index=False)["value"].mean()
+
+
+def report_figures(per_query: pd.DataFrame, dataset: str, k: int) -> pd.DataFrame:
+    """The rows the results store keeps for a report: every per-query value and, with query_id None, the
+    `method_means` aggregates."""
+    return pd.concat([per_query, method_means(per_query).assign(query_id=None)], ignore_index=True).assign(
+        dataset=dataset, budget=None, k=k)
+
+
+def method_scores(per_query: pd.DataFrame, split: str, metric: str) -> dict[str, float]:
+    """method -> mean of `metric` on `split` (e.g. the dev score a trained selector's promotion compares)."""
+    means = method_means(per_query)
+    chosen = means[(means["split"] == split) & (means["metric"] == metric)]
+    return dict(zip(chosen["method"], chosen["value"].astype(float)))
+
+
 def table1(per_query: pd.DataFrame, split: str) -> pd.DataFrame:
     """Mean of each metric per method on `split`, rows in Table 1 order (methods absent are left out)."""
-    means = (per_query[per_query["split"] == split].pivot_table(index="method", columns="metric", values="value",
-                                                                aggfunc="mean"))
+    means = method_means(per_query[per_query["split"] == split]).pivot(index="method", columns="metric",
+                                                                       values="value")
     rows = [(label, method) for label, method in TABLE1_ROWS if method in means.index]
     table = means.loc[[m for _, m in rows]]
     table.index = pd.Index([label for label, _ in rows], name=f"{split} (n={per_query.loc[per_query['split'] == split, 'query_id'].nunique()})")

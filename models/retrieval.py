@@ -15,16 +15,9 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
-from covlab.models.schemas import Schema
+from covlab.models.schemas import EVIDENCE_METRICS, RETRIEVAL_RUN
 from covlab.models.statistics import paired_comparison
 
-# One retriever's ranked chunks per query: rank 1 is the best; score is the retriever's own (higher first).
-RETRIEVAL_RUN = Schema("retrieval_run", {"query_id": "string", "method": "string", "rank": "int64",
-                                         "chunk_id": "string", "score": "float64"},
-                       key=("query_id", "method", "rank"))
-# Per-query evidence figures of each method (evidence_metrics).
-EVIDENCE_METRICS = Schema("evidence_metrics", {"query_id": "string", "method": "string", "metric": "string",
-                                               "value": "float64"}, key=("query_id", "method", "metric"))
 DEFAULT_KS = (1, 3, 5)
 TOKEN_BUDGET = 1024  # the paper's 1K-token context budget
 UNIT_NORM_TOLERANCE = 1e-3  # how far an embedding's L2 norm may stray from 1 (float16/float32 rounding)

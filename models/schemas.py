@@ -74,6 +74,13 @@ def _first_uncastable(series: pd.Series, dtype: str) -> tuple[int, object]:
 
 CORPUS = Schema("corpus", {"doc_id": "string", "title": "string", "text": "string",
                            "source_unit": "string"}, key=("doc_id",))
+
+
+def document_text(title: str, text: str) -> str:
+    """What BM25 indexes and every model reads of a CORPUS row: the title, a newline, the text (the text
+    alone when there is no title)."""
+    return f"{title}\n{text}" if title else text
+
 # topic: what topic-grouped cross-validation groups by (ArgKP: a topic's two stances); default the query itself.
 QUERIES = Schema("queries", {"query_id": "string", "text": "string", "split": "string", "topic": "string"},
                  key=("query_id",), defaults={"topic": "query_id"})
@@ -101,3 +108,57 @@ CHUNK_LINKS = Schema("chunk_links", {"query_id": "string", "chunk_id": "string",
                                      "grade": "int64"}, key=("query_id", "chunk_id", "nugget_id"))
 CHUNK_QRELS = Schema("chunk_qrels", {"query_id": "string", "chunk_id": "string", "relevance": "int64"},
                      key=("query_id", "chunk_id"))
+
+# Decompose, Estimate, Select (models/coverage.py): judged pairs, coverage matrices, pool scores.
+JUDGMENTS = Schema("coverage_judgments", {"query_id": "string", "doc_id": "string", "subq_id": "string",
+                                          "split": "string", "rating": "int64", "covered": "bool"},
+                   key=("query_id", "doc_id", "subq_id"))
+COVERAGE_MATRIX = Schema("coverage_matrix", {"query_id": "string", "doc_id": "string", "subq_id": "string",
+                                             "probability": "float64"}, key=("query_id", "doc_id", "subq_id"))
+POOL_SCORES = Schema("pool_scores", {"query_id": "string", "doc_id": "string", "relevance": "float64",
+                                     "coverage_trained": "float64"}, key=("query_id", "doc_id"))
+
+# Per-query figures of one run (models/metrics.py): the table every report builds on.
+PER_QUERY_METRICS = Schema("per_query_metrics", {"query_id": "string", "metric": "string", "value": "float64"},
+                           key=("query_id", "metric"))
+
+# The run every selector produces: rank 1 is the first document selected.
+SELECTIONS = Schema("selections", {"query_id": "string", "rank": "int64", "doc_id": "string"},
+                    key=("query_id", "rank"))
+
+# Embeddings of what the budgeted selectors read: every pooled query ("query"), document ("document") and,
+# for documents of two or more sentences, each sentence ("atom", numbered from 0; LMVU's atomic features).
+ITEM_EMBEDDINGS = Schema("item_embeddings", {"kind": "string", "item_id": "string", "atom": "int64",
+                                             "vector": "object"}, key=("kind", "item_id", "atom"))
+TOKEN_COUNTS = Schema("token_counts", {"doc_id": "string", "tokens": "int64"}, key=("doc_id",))
+BUDGETED_SELECTIONS = Schema("budgeted_selections", {"query_id": "string", "budget": "int64", "rank": "int64",
+                                                     "doc_id": "string"}, key=("query_id", "budget", "rank"))
+# Per-query measures of the comparison: one row per method, token budget, query and metric.
+COMPARISON_FIGURES = Schema("comparison_figures", {"method": "string", "budget": "int64", "query_id": "string",
+                                                   "split": "string", "metric": "string", "value": "float64"},
+                            key=("method", "budget", "query_id", "metric"))
+
+# One retriever's ranked chunks per query: rank 1 is the best; score is the retriever's own (higher first).
+RETRIEVAL_RUN = Schema("retrieval_run", {"query_id": "string", "method": "string", "rank": "int64",
+                                         "chunk_id": "string", "score": "float64"},
+                       key=("query_id", "method", "rank"))
+# Per-query evidence figures of each method (evidence_metrics).
+EVIDENCE_METRICS = Schema("evidence_metrics", {"query_id": "string", "method": "string", "metric": "string",
+                                               "value": "float64"}, key=("query_id", "method", "metric"))
+
+# The figures a report asset hands over to the results store (resources/results_store.py). Nullable columns use pandas' nullable dtypes ("Int64", and
+# "string[python]", which keeps missing values, unlike "string" that Schema.conform requires to be complete).
+FIGURES = Schema("report_figures", {"dataset": "string", "method": "string", "budget": "Int64", "k": "Int64",
+                                    "split": "string[python]", "metric": "string", "query_id": "string[python]", "value": "float64"})
+# What the results store's `figures`, `find_value` and the report helpers return: each figure with its materialization.
+STORED_FIGURES = Schema("stored_figures", {
+    "materialization_id": "int64", **FIGURES.columns, "run_id": "string", "report_asset": "string",
+    "partition": "string", "code_version": "string", "data_version": "string[python]",
+    "created_at": "datetime64[ns, UTC]", "confirmed_at": "datetime64[ns, UTC]"})
+
+# One row per trained selector of a champion promotion (models/promotion.py): the candidate version, the dev
+# score that decided, the champion it was compared with (version 0 and NaN score: none), and the decision.
+PROMOTIONS = Schema("promotions", {"selector": "string", "model_name": "string", "version": "int64",
+                                   "method": "string", "dev_score": "float64", "champion_version": "int64",
+                                   "champion_score": "float64", "action": "string", "champion": "bool",
+                                   "decision": "string"}, key=("selector",))

@@ -20,11 +20,8 @@ import numpy as np
 import pandas as pd
 
 from covlab.models.metrics import evaluate_run
-from covlab.models.schemas import Schema
+from covlab.models.schemas import SELECTIONS
 
-# The run every selector produces: rank 1 is the first document selected.
-SELECTIONS = Schema("selections", {"query_id": "string", "rank": "int64", "doc_id": "string"},
-                    key=("query_id", "rank"))
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ DEMO_CONFIG = {"ops": {
 }}
 
 
+IN_PROCESS_JOB = "__ephemeral_asset_job__"  # the name Dagster's `materialize` gives the job of its runs
+
+
 def _instance():
     from dagster import DagsterInstance
 
@@ -82,12 +85,14 @@ def dataset_generate(generator: str, out: str, profile: str, seed: int) -> None:
 def materialize(dataset: str, select: list[str] | None, config: dict | None, instance=None,
                 raise_on_error: bool = True):
     """Run the selected assets (default: all) of one dataset partition in this process, first freeing the
-    pool slots of runs that died (orchestration/concurrency.py: pool_slots_guard)."""
-    from dagster import AssetKey, materialize as dagster_materialize
+    pool slots of runs that died (orchestration/concurrency.py: pool_slots_guard). Dagster's `materialize`, with
+    covlab's console logger (orchestration/console.py: a line per finished step) in place of Dagster's."""
+    from dagster import AssetKey, Definitions, define_asset_job
 
     from covlab.assets.partitions import DATASETS
     from covlab.models.dataset import check_dataset_name
     from covlab.orchestration.concurrency import log_to_console, pool_slots_guard
+    from covlab.orchestration.console import covlab_console
     from covlab.orchestration.definitions import ASSETS, default_resources
 
     check_dataset_name(dataset)
@@ -99,23 +104,21 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
     selection = [AssetKey.from_user_string(s) for s in select] if select else None
     run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}}, **(config or {})}
     log_to_console()
+    job = Definitions(assets=ASSETS, resources=default_resources(), loggers={"console": covlab_console},
+                      jobs=[define_asset_job(IN_PROCESS_JOB, selection=selection)]).resolve_job_def(IN_PROCESS_JOB)
     with pool_slots_guard(instance) as tags:
-        return dagster_materialize(ASSETS, instance=instance, partition_key=dataset, resources=default_resources(),
-                                   selection=selection, run_config=run_config, raise_on_error=raise_on_error,
-                                   tags=tags)
+        return job.execute_in_process(run_config=run_config, instance=instance, partition_key=dataset,
+                                      raise_on_error=raise_on_error, tags=tags)
 
 
 def summarize(result, seconds: float) -> str:
+    from covlab.orchestration.console import key_figures
     from covlab.orchestration.settings import covlab_home
 
     lines = [f"covlab: run {result.run_id} succeeded in {seconds:.0f} s", "built:"]
     for event in result.get_asset_materialization_events():
         mat = event.event_specific_data.materialization
-        meta = mat.metadata
-        detail = ", ".join(f"{k}={meta[k].value:.4g}" if isinstance(meta[k].value, float) else f"{k}={meta[k].value}"
-                           for k in ("rows", "pairs", "documents", "queries", "subquestions", "train_pairs",
-                                     "dev_auc", "groups", "model_uri") if k in meta)
-        lines.append(f"  {mat.asset_key.to_user_string():<28} [{mat.partition}] {detail}")
+        lines.append(f"  {mat.asset_key.to_user_string():<28} [{mat.partition}] {key_figures(mat.metadata)}")
     for evaluation in result.get_asset_check_evaluations():
         lines.append(f"  check {evaluation.check_name:<30} {'passed' if evaluation.passed else 'FAILED'}")
     built = {e.event_specific_data.materialization.asset_key.to_user_string()

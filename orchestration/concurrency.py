@@ -234,10 +234,12 @@ def pool_slots_guard(instance: DagsterInstance,
 
 
 def log_to_console() -> None:
-    """Shows this module's INFO lines on stderr beside Dagster's console log (once per process)."""
+    """Shows this module's INFO lines on stderr beside the run's console lines (orchestration/console.py),
+    in their layout (once per process)."""
+    from covlab.orchestration.console import SourceFormatter
+
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s - covlab - %(levelname)s - %(message)s",
-                                               "%Y-%m-%d %H:%M:%S %z"))
+        handler.setFormatter(SourceFormatter("covlab"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

@@ -18,9 +18,11 @@ from covlab.assets.ingest import dataset_tables
 from covlab.assets.mcompass import MCOMPASS_ASSETS, MCOMPASS_CHECKS
 from covlab.assets.partitions import DATASETS
 from covlab.assets.pools import bm25_index, bm25_pools
+from covlab.assets.promotions import PROMOTION_CHECKS, model_promotions
 from covlab.assets.report import coverage_report
 from covlab.assets.selections import SELECTION_ASSETS
 from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation
+from covlab.orchestration.distributed import distributed_jobs
 from covlab.orchestration.settings import covlab_home
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.datasets import DatasetRegistry
@@ -34,9 +36,10 @@ from covlab.resources.tracking import TrackingResource
 
 ASSETS = [dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
           coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
-          *SELECTION_ASSETS, coverage_report, item_embeddings, token_counts, lmvu_ranker,
+          *SELECTION_ASSETS, coverage_report, model_promotions, item_embeddings, token_counts, lmvu_ranker,
           *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
-          *ESTIMATOR_CHECKS, *MCOMPASS_CHECKS]  # checks ride along: every materialization of their asset runs them
+          # checks ride along: every materialization of their asset runs them
+          *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS]
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
                              description="Every asset of one dataset partition (what `make demo` runs on demo).")
@@ -44,13 +47,15 @@ build_all = define_asset_job("build_all", selection=AssetSelection.all(), partit
 
 def default_resources(home: Path | None = None) -> dict:
     """Embedded defaults: SQLite and local folders under COVLAB_HOME. Each is a URL or path in config
-    (run config `resources:` or the Launchpad) that also takes PostgreSQL, a tracking server or object storage."""
+    (run config `resources:` or the Launchpad) that also takes PostgreSQL, a tracking server or object storage;
+    a deployment sets them for every process (webserver, daemon, workers) with the COVLAB_* variables below."""
     home = home or covlab_home()
+    env = os.environ.get
     return {
         "datasets": DatasetRegistry(registry_path=str(home / "datasets.json")),
         "lucene": LuceneResource(log_dir=str(home / "logs")),
-        "artifacts": ArtifactStore(root=str(home / "artifacts")),
-        "io_manager": LocalTableIOManager(base_dir=str(home / "storage")),
+        "artifacts": ArtifactStore(root=env("COVLAB_ARTIFACTS_ROOT") or str(home / "artifacts")),
+        "io_manager": LocalTableIOManager(base_dir=env("COVLAB_STORAGE_URL") or str(home / "storage")),
         "llm": LLMResource(cache_url=f"sqlite:///{home}/llm/cache.sqlite",
                            backend=os.environ.get("COVLAB_LLM_BACKEND", "none"),
                            base_url=os.environ.get("COVLAB_LLM_BASE_URL", "http://127.0.0.1:8000/v1"),
@@ -58,12 +63,13 @@ def default_resources(home: Path | None = None) -> dict:
                            # read at run time, never stored in config; absent means no key is sent
                            api_key=EnvVar("COVLAB_LLM_API_KEY") if os.environ.get("COVLAB_LLM_API_KEY") else None),
         "device": DeviceResource(),
-        "tracking": TrackingResource(tracking_uri=f"sqlite:///{home}/mlflow/mlflow.db",
-                                     artifact_root=str(home / "mlflow" / "artifacts")),
-        "results": ResultsStore(url=f"sqlite:///{home}/results/results.db"),
+        "tracking": TrackingResource(
+            tracking_uri=env("COVLAB_MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow/mlflow.db",
+            artifact_root=env("COVLAB_MLFLOW_ARTIFACT_ROOT") or str(home / "mlflow" / "artifacts")),
+        "results": ResultsStore(url=env("COVLAB_RESULTS_URL") or f"sqlite:///{home}/results/results.db"),
         "evaluation": EvaluationResource(),
     }
 
 
-defs = Definitions(assets=ASSETS, jobs=[build_all], schedules=[nightly_reevaluation],
+defs = Definitions(assets=ASSETS, jobs=[build_all, *distributed_jobs()], schedules=[nightly_reevaluation],
                    sensors=[mlflow_candidate_sensor], resources=default_resources())

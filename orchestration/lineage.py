@@ -298,21 +298,6 @@ def render_text(nodes: list[LineageNode]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(nodes: list[LineageNode]) -> str:
-    lines: list[str] = []
-
-    def walk(node: LineageNode, depth: int) -> None:
-        lines.append("  " * depth + f"- `{_summary(node)}`{_flags(node)}")
-        for line in _shaping_lines(node):
-            lines.append("  " * (depth + 1) + f"- {line}")
-        for child in node.inputs:
-            walk(child, depth + 1)
-
-    for node in nodes:
-        walk(node, 0)
-    return "\n".join(lines)
-
-
 def render_json(nodes: list[LineageNode]) -> str:
     return json.dumps([n.to_dict() for n in nodes], indent=2, sort_keys=True, default=str)
 
@@ -634,3 +619,20 @@ def record_report_lineage(context, method_inputs: Mapping[str, Sequence[AssetKey
         COST: MetadataValue.json(cost.to_dict())},
         output_name=context.assets_def.get_output_name_for_asset_key(context.asset_key))
     return nodes
+
+
+def report_lineage_markdown(report: AssetKey, partition: str | None, nodes: Sequence[LineageNode],
+                            method_inputs: Mapping[str, Sequence[AssetKey]]) -> str:
+    """What a running report shows of its lineage (Markdown, short enough for the UI): the lineage of its
+    inputs (`nodes`, record_report_lineage) as one tree, each node once (render_branch), then each method's
+    branch (report_branch): the inputs that produced its rows, how many nodes the branch holds and how many
+    of them are STALE or GAP. `covlab audit` prints one branch in full."""
+    recorded = {method: sorted(key.to_user_string() for key in keys) for method, keys in sorted(method_inputs.items())}
+    root = LineageNode(report.to_user_string(), partition, None, method_inputs=recorded, inputs=list(nodes))
+    lines = ["```", render_branch(root, [root]), "```", "", "Branch per method (`covlab audit` prints one):", ""]
+    for method, inputs in recorded.items():
+        on_branch = branch_nodes(report_branch(root, [method]), [root])[1:]  # [0] is the report itself
+        flagged = sum(bool(node.stale or node.gap) for node in on_branch)
+        lines.append(f"- {method}: {', '.join(inputs)} ({len(on_branch)} nodes"
+                     + (f", {flagged} STALE or GAP)" if flagged else ")"))
+    return "\n".join(lines)

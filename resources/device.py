@@ -7,10 +7,11 @@ import ctypes
 import functools
 import gc
 import resource
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from dagster import ConfigurableResource, Output
+from dagster import BetaWarning, ConfigurableResource, Output
 from pydantic import Field
 
 if TYPE_CHECKING:
@@ -59,13 +60,18 @@ class DeviceResource(ConfigurableResource):
 
 
 GPU_POOL = "gpu"
+DEVICE_TAG = "covlab/device"
+# The op tag dagster-celery reads to pick a step's Celery queue (deploy/: a `gpu` worker consumes GPU_QUEUE).
+CELERY_QUEUE_TAG = "dagster-celery/queue"
+GPU_QUEUE = "gpu"
 
 
 def gpu_step() -> dict:
     """Keyword arguments that mark an asset as a GPU step, all together: the `gpu` concurrency pool
-    (limited in dagster.yaml), the `covlab/device` tag routing it to GPU workers, and the Kubernetes GPU
-    request that dagster-k8s reads. Use as `@asset(..., **gpu_step())`."""
-    return {"pool": GPU_POOL, "op_tags": {"covlab/device": "gpu", "dagster-k8s/config": {
+    (limited in dagster.yaml), the `covlab/device` op tag routing it to GPU workers, the same asset tag (the
+    UI's filter for GPU assets; CPU assets carry none) and the Kubernetes GPU request that dagster-k8s reads.
+    Use as `@asset(..., **gpu_step())`."""
+    return {"pool": GPU_POOL, "tags": {DEVICE_TAG: "gpu"}, "op_tags": {DEVICE_TAG: "gpu", CELERY_QUEUE_TAG: GPU_QUEUE, "dagster-k8s/config": {
         "container_config": {"resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}}}}}}
 
 
@@ -111,7 +117,11 @@ def reports_peak_rss(compute):
         result = compute(*args, **kwargs)
         if not isinstance(result, Output):
             raise TypeError(f"{compute.__name__}: reports_peak_rss needs the compute function to return an Output")
-        return result.with_metadata({**result.metadata, PEAK_RSS: round(peak_rss_mib(), 1),
-                                     "peak_rss_scope": scope})
+        with warnings.catch_warnings():  # with_metadata passes the Output's data_version on: Dagster 1.13 warns
+            # that the parameter is beta (assets/outputs.py: content_output); that one warning, here only.
+            warnings.filterwarnings("ignore", message=r"Parameter `data_version` of initializer `Output\.__init__`",
+                                    category=BetaWarning)
+            return result.with_metadata({**result.metadata, PEAK_RSS: round(peak_rss_mib(), 1),
+                                         "peak_rss_scope": scope})
 
     return measured

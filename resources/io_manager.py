@@ -10,6 +10,11 @@ an asset observation in the loading run (`LOAD_RECORD` metadata), with the conte
 read (`LOADED_VERSION`). The lineage audit resolves each input of
 a materialization from these records, never from Dagster's input-event pointer, which names the latest
 materialization of the upstream key in any partition.
+
+The root is a local or shared (mounted) folder, or an fsspec URL of object storage (`s3://bucket/covlab`,
+`gs://...`; the filesystem's package must be installed): every worker of a distributed deployment then
+reads and writes the same store. On object storage a value is one object put (readers see the whole old
+or the whole new object), the store's own atomic write; on a filesystem it is write-then-rename as above.
 """
 
 from __future__ import annotations
@@ -89,15 +94,78 @@ def read_stored(base_dir: str | Path, asset_key: str, partition: str | None):
     return None if path is None else decode(path, path.read_bytes())
 
 
+def is_object_store(root: str) -> bool:
+    """Whether a store root is an fsspec URL of a non-local filesystem (`file://` and plain paths are local)."""
+    return "://" in str(root) and not str(root).startswith("file://")
+
+
+def local_root(root: str) -> str:
+    """A local store root without its `file://` prefix."""
+    return str(root).removeprefix("file://")
+
+
+class ObjectStorePath:
+    """A stored file on an fsspec filesystem, with the few Path methods the IO manager uses."""
+
+    def __init__(self, fs, path: str):
+        self.fs, self.path = fs, path
+
+    def __truediv__(self, name: str) -> "ObjectStorePath":
+        return ObjectStorePath(self.fs, f"{self.path.rstrip('/')}/{name}")
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:
+        return Path(self.name).suffix
+
+    def with_name(self, name: str) -> "ObjectStorePath":
+        return ObjectStorePath(self.fs, f"{self.path.rsplit('/', 1)[0]}/{name}")
+
+    def exists(self) -> bool:
+        return self.fs.exists(self.path)
+
+    def read_bytes(self) -> bytes:
+        return self.fs.cat_file(self.path)
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode("utf-8")
+
+    def write_bytes(self, data: bytes) -> None:
+        """One object put: the object store's atomic write (no temporary object, no rename)."""
+        self.fs.pipe_file(self.path, data)
+
+    def __str__(self) -> str:
+        return self.fs.unstrip_protocol(self.path)
+
+
 class LocalTableIOManager(ConfigurableIOManager):
     """DataFrames -> `<base>/<asset key>/<partition>.parquet`; dicts and lists -> `.json` beside them."""
 
-    base_dir: str = Field(description="root folder of stored asset values (a local path)")
+    base_dir: str = Field(description="root of stored asset values: a local or shared folder, or an fsspec URL of "
+                                      "object storage (s3://bucket/prefix, gs://..., file:///shared/path)")
 
-    def _folder(self, context: InputContext | OutputContext) -> tuple[Path, str]:
+    def _folder(self, context: InputContext | OutputContext) -> tuple[Path | ObjectStorePath, str]:
         partition = context.asset_partition_key if context.has_asset_partitions else "__all__"
-        return store_path(self.base_dir, *context.asset_key.path, what="asset key part"), \
+        if is_object_store(self.base_dir):
+            import fsspec
+
+            fs, root = fsspec.core.url_to_fs(self.base_dir)
+            folder = ObjectStorePath(fs, root)
+            for part in context.asset_key.path:
+                folder = folder / path_segment(part, "asset key part")
+            return folder, path_segment(partition, "partition key")
+        return store_path(local_root(self.base_dir), *context.asset_key.path, what="asset key part"), \
             path_segment(partition, "partition key")
+
+    @staticmethod
+    def _write(path: Path | ObjectStorePath, data: bytes) -> None:
+        if isinstance(path, ObjectStorePath):
+            path.write_bytes(data)
+        else:
+            atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         if obj is None:
@@ -115,11 +183,11 @@ class LocalTableIOManager(ConfigurableIOManager):
             raise TypeError(f"{context.asset_key.to_user_string()}: cannot store a {type(obj).__name__}; "
                             "expected a DataFrame, dict or list")
         digest = sha256_hex(data)
-        atomic_write(path, lambda tmp: tmp.write_bytes(data))
+        self._write(path, data)
         written = {"asset_key": context.asset_key.to_user_string(), "partition": partition,
                    "run_id": context.run_id, "step_key": context.step_key, CONTENT_HASH: digest}
-        atomic_write(path.with_name(path.name + SIDECAR_SUFFIX),
-                     lambda tmp: tmp.write_text(json.dumps(written, indent=2, sort_keys=True)))
+        self._write(path.with_name(path.name + SIDECAR_SUFFIX),
+                    json.dumps(written, indent=2, sort_keys=True).encode("utf-8"))
         context.add_output_metadata({"stored_at": str(path), CONTENT_HASH: digest})
 
     def load_input(self, context: InputContext) -> Any:

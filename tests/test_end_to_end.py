@@ -23,10 +23,12 @@ def _env(covlab_home: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def demo_home(tmp_path_factory):
-    """`make demo` exactly as the README says, into a fresh COVLAB_HOME; its output for the tests below."""
+    """`make demo` exactly as the README says, into a fresh COVLAB_HOME; its output (stdout and stderr, as a
+    terminal shows them) for the tests below."""
     home = tmp_path_factory.mktemp("demo") / "home"
-    done = subprocess.run(["make", "demo"], cwd=ROOT, env=_env(home), capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = subprocess.run(["make", "demo"], cwd=ROOT, env=_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-6000:]
     return home, done.stdout
 
 
@@ -41,7 +43,12 @@ def test_make_demo_builds_every_asset_and_prints_the_summary(demo_home):
                 "comparison_report", "chunks", "chunk_links", "chunk_index", "topic_metadata_bank",
                 "mcompass_teacher", "mcompass_student", "mcompass_retrieval", "retrieval_report"):
         assert f"  {key} " in out, key
+        assert f"{key} [demo] built in " in out, key  # its line as its step finished (orchestration/console.py)
     assert "FAILED" not in out
+    estimator = next(line for line in out.splitlines() if "coverage_estimator [demo] built in " in line)
+    assert "train_pairs=" in estimator and "dev_auc=" in estimator and "model_uri=" in estimator
+    for noise in ("BetaWarning", "sun.misc.Unsafe", "SLF4J", "Loading weights", "LOAD REPORT", "it/s]", "STEP_START"):
+        assert noise not in out, noise  # silenced where they arise; Dagster's events stay in the event log
     assert "skipped (no LLM configured" in out and "answers" in out
     for row in ("relevance", "+ coverage training", "+ estimator and greedy", "gold nuggets", "oracle greedy"):
         assert row in out, row
@@ -140,6 +147,80 @@ def test_make_mlflow_ui_lists_the_registered_versions_with_tags(demo_home):
     assert {"covlab.demo.coverage_estimator", "covlab.demo.coverage_biencoder"} <= set(versions)
     tags = {t["key"]: t["value"] for t in versions["covlab.demo.coverage_estimator"]["tags"]}
     assert tags["dagster.asset_key"] == "coverage_estimator" and tags["dagster.partition"] == "demo"
+
+
+# Chromium as ENVIRONMENT.md says to start it on a closed network (Debian's /usr/bin/chromium, installed by
+# `make test`; never a downloaded browser).
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.slow
+def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(demo_home, tmp_path):
+    """`make ui` on the demo instance, driven by headless Chromium: the asset graph with kind badges, the GPU
+    tag of a trained selector, and the coverage report's latest materialization for demo with Table 1 and an
+    inline PNG figure. Screenshots go to the test's folder."""
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: `make test` installs Debian's chromium (apt)"
+    home, _ = demo_home
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    with _serving(["make", "ui", f"UI_PORT={port}"], _env(home)) as server:
+        _wait_for_json(server, f"{base}/server_info", None)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1700, "height": 1000})
+
+            def show(path: str, shot: str, expected: str) -> str:
+                page.goto(base + path)
+                page.get_by_text(expected, exact=False).filter(visible=True).first.wait_for(timeout=90_000)
+                page.screenshot(path=str(tmp_path / f"{shot}.png"))
+                return page.inner_text("body")
+
+            # the coverage group's graph: asset nodes with their kind badges
+            graph = show("/locations/covlab.orchestration.definitions:defs/asset-groups/coverage", "asset_graph",
+                         "coverage_biencoder")
+            assert "PyTorch" in graph and "Parquet" in graph
+            estimator = show("/assets/coverage_estimator", "coverage_estimator", "covlab/device: gpu")
+            assert "Kinds" in estimator and "PyTorch" in estimator and "Owners" in estimator
+            report = show("/assets/coverage_report?view=partitions&partition=demo", "coverage_report",
+                          "+ estimator and greedy")
+            assert "Latest materialization" in report and "oracle greedy" in report
+            page.locator("tr", has_text="figure").first.get_by_text("[Show Markdown]").click()
+            page.locator('img[src^="data:image/png"]').first.wait_for(timeout=30_000)  # the inline PNG rendered
+            page.screenshot(path=str(tmp_path / "coverage_report.png"))
+            browser.close()
+    assert (tmp_path / "coverage_report.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_a_partitioned_run_launched_through_the_graphql_client_materializes_that_partition(demo_home):
+    """Dagster's GraphQL client has no partition argument: the partition goes in the `dagster/partition`
+    tag (README "Launching from code"). The run the webserver launches materializes the asset for demo."""
+    from dagster import AssetKey, DagsterInstance, DagsterRunStatus
+    from dagster_graphql import DagsterGraphQLClient
+
+    home, _ = demo_home
+    port = _free_port()
+    with _serving(["make", "ui", f"UI_PORT={port}"], _env(home)) as server:
+        _wait_for_json(server, f"http://127.0.0.1:{port}/server_info", None)
+        client = DagsterGraphQLClient("127.0.0.1", port_number=port)
+        run_id = client.submit_job_execution("__ASSET_JOB", asset_selection=[AssetKey("selection_relevance")],
+                                             tags={"dagster/partition": "demo"})
+        deadline = time.monotonic() + 300
+        while (status := client.get_run_status(run_id)) not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE,
+                                                                 DagsterRunStatus.CANCELED):
+            assert time.monotonic() < deadline, f"run {run_id} still {status} after 300 s"
+            time.sleep(2)
+    assert status == DagsterRunStatus.SUCCESS
+    instance = DagsterInstance.from_config(str(home / "dagster"))
+    try:
+        [record] = instance.fetch_materializations(AssetKey("selection_relevance"), limit=1).records
+    finally:
+        instance.dispose()
+    assert record.run_id == run_id and record.asset_materialization.partition == "demo"
 
 
 def _free_port() -> int:

@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 from covlab.assets.checks import coverage_estimator_dev_auc, estimated_gold_coverage_calibration
-from covlab.assets.report import promote_if_better
+from covlab.assets.promotions import promote_if_better
 from covlab.assets.selections import METHODS, _selection
 from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
+from covlab.models.schemas import document_text
 from covlab.models.selection import (ESTIMATED, GreedyCoverage, RelevanceSelection, SoftGreedyCoverage,
                                      choose_blend_weight, estimator_trusted, select_per_query)
 from covlab.resources.evaluation import EvaluationResource
@@ -40,7 +41,7 @@ def pools(longdoc):
     bm25s = pytest.importorskip("bm25s")
     corpus = longdoc.corpus
     retriever = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
-    retriever.index(bm25s.tokenize([f"{t}\n{x}" if t else x for t, x in zip(corpus["title"], corpus["text"])],
+    retriever.index(bm25s.tokenize([document_text(t, x) for t, x in zip(corpus["title"], corpus["text"])],
                                    stopwords="en", show_progress=False), show_progress=False)
     doc_ids = corpus["doc_id"].to_numpy()
     evaluated = longdoc.queries[longdoc.queries["split"].isin(["dev", "test"])]

@@ -10,6 +10,7 @@ import pytest
 
 from covlab.models.dataset import TABLES
 from covlab.models.metrics import evaluate_run
+from covlab.models.schemas import document_text
 from covlab.models.selection import soft_greedy_coverage
 from covlab.orchestration.cli import main
 from covlab.resources.datasets import read_dataset
@@ -129,7 +130,7 @@ def _bm25_pools(ds, queries: pd.DataFrame, depth: int) -> dict[str, np.ndarray]:
     import Stemmer
 
     stemmer = Stemmer.Stemmer("english")
-    texts = [f"{t}\n{x}" if t else x for t, x in zip(ds.corpus["title"], ds.corpus["text"])]
+    texts = [document_text(t, x) for t, x in zip(ds.corpus["title"], ds.corpus["text"])]
     retriever = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
     retriever.index(bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False),
                     show_progress=False)

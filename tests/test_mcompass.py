@@ -212,7 +212,11 @@ def test_selection_by_heldout_ie_keeps_the_best_scoring_epoch():
     evidence = _pairs(bank, topic, {f"d{t}": t for t in range(4)}).query("label == 1")[["query_id", "chunk_id"]]
     tokens = pd.Series(20, index=bank.chunk_ids)
     select = heldout_ie(bank, vectors, [f"d{t}" for t in range(4)] + ["no-evidence"], evidence, tokens)
-    trained = train_student(bank, vectors, pairs, SMALL, TrainingSettings(epochs=4, batch_size=64), select=select)
+    epochs_seen = {}
+    trained = train_student(bank, vectors, pairs, SMALL, TrainingSettings(epochs=4, batch_size=64), select=select,
+                            on_epoch=epochs_seen.__setitem__)
     assert len(trained.dev_scores) == 4 and trained.dev_scores[trained.kept_epoch - 1] == max(trained.dev_scores)
+    assert epochs_seen == {e: {"train_loss": loss, "dev_score": score} for e, loss, score in
+                           zip((1, 2, 3, 4), trained.epoch_losses, trained.dev_scores)}
     assert select(trained.model) == pytest.approx(max(trained.dev_scores))  # the kept weights are that epoch's
     assert heldout_ie(bank, vectors, ["no-evidence"], evidence, tokens) is None

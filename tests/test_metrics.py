@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from ir_measures import P, alpha_nDCG
 
-from covlab.models.metrics import (METRIC_SUMMARY, PER_QUERY_METRICS, binary_qrels, brier_score, diversity_qrels,
-                                   evaluate_run, expected_calibration_error, summarize)
+from covlab.models.metrics import (PER_QUERY_METRICS, binary_qrels, brier_score, diversity_qrels, evaluate_run,
+                                   expected_calibration_error)
 
 
 def links_frame(covers: dict[str, dict[str, list[str]]]) -> pd.DataFrame:
@@ -217,14 +217,6 @@ def test_rank_not_row_order_decides():
     reversed_ranks = evaluate_run(run_frame({"q": ["c", "b", "a"]}), links, qrels, k=3)
     assert ordered["value"].tolist() == shuffled["value"].tolist()
     assert metric(reversed_ranks, "q", "alpha_ndcg@3") != metric(ordered, "q", "alpha_ndcg@3")
-
-
-def test_summarize_known_answer():
-    per_query = pd.DataFrame({"query_id": ["q1", "q2", "q1", "q2"], "metric": ["p@10", "p@10", "ndcg@10", "ndcg@10"],
-                              "value": [0.2, 0.6, 1.0, 0.5]})
-    summary = summarize(per_query)
-    assert list(summary.columns) == list(METRIC_SUMMARY.columns)
-    assert summary.values.tolist() == [["p@10", pytest.approx(0.4), 2], ["ndcg@10", 0.75, 2]]
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -177,11 +177,59 @@ def test_report_metadata_results_store_and_registered_models(built):
         assert tags["dagster.asset_key"] == selector and tags["dagster.partition"] == "demo"
         assert tags["dagster.run_id"] == built["result"].run_id
         assert "input_data_version.coverage_judgments" in tags
+    from urllib.parse import urlparse
+
+    from mlflow import MlflowClient
+    from mlflow.models import Model
+
+    client = MlflowClient(tracking_uri=tracking.tracking_uri)
+    for selector, curve in (("coverage_estimator", "dev_auc"), ("coverage_biencoder", "train_loss"),
+                            ("lmvu_ranker", "dev_pairwise_accuracy"), ("mcompass_student", "train_loss")):
+        (version,) = tracking.versions(f"covlab.demo.{selector}")
+        metadata = built["result"].asset_materializations_for_node(selector)[0].metadata
+        assert metadata["mlflow_model_version"].value == tracking.version_url(version)
+        assert metadata["training_curve"].value.startswith(f"![{selector} training curve](data:image/png;base64,")
+        assert 1 in [m.step for m in client.get_metric_history(version.run_id, curve)]  # logged per epoch
+        folder = urlparse(version.source).path  # the version page shows the MLmodel of this folder
+        model = Model.load(folder)
+        assert model.signature.inputs.input_names() and model.load_input_example(folder) is not None
     # first versions: the bi-encoder is promoted; the near-chance tiny estimator is gated (next test)
     assert set(tracking.versions("covlab.demo.coverage_biencoder")[0].aliases) == {"candidate", "champion"}
     assert set(tracking.versions("covlab.demo.coverage_estimator")[0].aliases) == {"candidate"}
     checks = {e.check_name: e.passed for e in built["result"].get_asset_check_evaluations()}
     assert checks["coverage_biencoder_champion"] and not checks["coverage_estimator_champion"]
+
+
+@pytest.mark.slow
+def test_the_reports_show_one_float_per_figure_an_inline_png_and_a_compact_lineage(built):
+    """What the UI shows of a report: a float entry per (metric, method) aggregate of the reported split (the
+    Plots tab charts them across materializations), inline PNG figures, and the lineage with each node once."""
+    import base64
+    import re
+
+    from dagster import FloatMetadataValue
+
+    from covlab.models.plots import PNG_SIGNATURE
+
+    event = built["instance"].get_latest_materialization_event(AssetKey("coverage_report"))
+    meta = event.asset_materialization.metadata
+    report = _stored(built["home"], "coverage_report")
+    chosen = report[(report["split"] == "test") & (report["metric"] == "alpha_ndcg@10")
+                    & (report["method"] == "coverage_greedy")]
+    assert isinstance(meta["alpha_ndcg@10/coverage_greedy"], FloatMetadataValue)
+    assert meta["alpha_ndcg@10/coverage_greedy"].value == pytest.approx(chosen["value"].mean())
+    image = re.fullmatch(r"!\[[^]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", meta["figure"].value)
+    assert image and base64.b64decode(image.group(1)).startswith(PNG_SIGNATURE)
+    assert "summary" not in meta  # it only repeated table1
+    lineage = meta["lineage"].value
+    assert "(shown above)" not in lineage and len(lineage) < 5_000  # the full tree was ~18,000 characters
+    assert lineage.count("corpus [demo]") == 1 and "- coverage_greedy: selection_coverage_greedy (" in lineage
+    comparison = built["result"].asset_materializations_for_node("comparison_report")[0].metadata
+    assert isinstance(comparison["rvc1/budget_00128/lmvu"], FloatMetadataValue)
+    assert comparison["figure"].value.startswith("![rvc1](data:image/png;base64,")
+    assert "(shown above)" not in comparison["lineage"].value
+    retrieval = built["result"].asset_materializations_for_node("retrieval_report")[0].metadata
+    assert isinstance(retrieval["IE/mcompass"], FloatMetadataValue)
 
 
 @pytest.mark.slow
@@ -286,7 +334,7 @@ def test_candidate_sensor_requests_an_evaluation_once_per_new_candidate(built):
     requests = sensor(context)
     assert [r.partition_key for r in requests] == ["demo"]
     assert requests[0].asset_selection == [AssetKey("comparison_report"), AssetKey("coverage_report"),
-                                           AssetKey("retrieval_report")]
+                                           AssetKey("model_promotions"), AssetKey("retrieval_report")]
     assert "covlab.demo.coverage_estimator v1" in requests[0].tags["covlab/candidates"]
     again = build_sensor_context(instance=built["instance"], definitions=defs, cursor=context.cursor,
                                  resources={"tracking": default_resources(built["home"])["tracking"]})
@@ -391,9 +439,9 @@ def test_a_bi_encoder_matcher_can_stand_in_for_the_cross_encoder(built):
                          {"ops": {"coverage_estimator": {"config": estimator}}}, built["instance"])
     assert result.success
     event = result.asset_materializations_for_node("coverage_estimator")[0]
-    assert 0 <= event.metadata["dev_auc"].value <= 1
     stored = json.loads((built["home"] / "storage" / "coverage_estimator" / "demo.json").read_text())
-    assert stored["uri"] == event.metadata["model_uri"].value
+    assert event.metadata["dev_auc"].value == stored["dev_auc"] and 0 <= stored["dev_auc"] <= 1  # what gates it
+    assert stored["uri"] == event.metadata["model_uri"].value and stored["version"] == 2  # a new version
     assert json.loads((Path(stored["path"]) / "covlab.json").read_text())["kind"] == "biencoder_matcher"
     matrix = _stored(built["home"], "estimated_coverage_matrix")
     assert matrix["probability"].between(0, 1, inclusive="neither").all() and matrix["probability"].nunique() > 1

@@ -3,7 +3,6 @@ between writing its rows to the results store and the materialization event leav
 `covlab audit --value` never cites."""
 
 import pandas as pd
-import pytest
 from dagster import DynamicPartitionsDefinition, MetadataValue, Output, asset, materialize
 
 from covlab.orchestration.cli import main

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from covlab.assets.outputs import RUNTIME_METADATA, SOURCE_METADATA
+from covlab.assets.outputs import ROW_COUNT, RUNTIME_METADATA, SOURCE_METADATA
 from covlab.assets.selections import SELECTION_ASSETS
 from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
@@ -204,7 +204,8 @@ def pinned(output, links: pd.DataFrame, qrels: pd.DataFrame) -> tuple:
     run = output.value
     rows = "\n".join(f"{q}\t{r}\t{d}" for q, r, d in run[["query_id", "rank", "doc_id"]].itertuples(index=False))
     metadata = {key: value.value for key, value in output.metadata.items()
-                if key not in ("settings", SOURCE_METADATA, RUNTIME_METADATA)}  # the checkout and machine vary
+                if key not in ("settings", SOURCE_METADATA, RUNTIME_METADATA,  # the checkout and machine vary
+                               ROW_COUNT)}  # pinned with the rows themselves
     measured = evaluate_run(run, links, qrels, k=10, alpha=0.5).groupby("metric")["value"].mean()
     return (digest(rows), digest(json.dumps(metadata, sort_keys=True)), metadata.get("fell_back"),
             metadata.get("blend_weight"), float(measured["alpha_ndcg@10"]), float(measured["strecall@10"]))
@@ -217,6 +218,7 @@ CASES = list(cases())
 def test_selection_is_pinned(case, assets_def, dev_auc, strength, settings, demo_dataset, inputs, matrices):
     output = run_case(assets_def, dev_auc, strength, settings, inputs, matrices)
     assert output.value["query_id"].nunique() == 6 and output.value.groupby("query_id").size().eq(10).all()
+    assert output.metadata[ROW_COUNT].value == len(output.value) == 60
     assert pinned(output, demo_dataset.nugget_links, demo_dataset.qrels) == EXPECTED[case]
 
 

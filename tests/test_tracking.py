@@ -4,6 +4,7 @@ byte-identical downloads, no secret in anything logged, no mlflow global touched
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import mlflow
@@ -167,3 +168,52 @@ def test_absent_models_aliases_and_metrics(tracking, tmp_path):
     with pytest.raises(ValueError, match="metric 'val_loss' of covlab.demo.present: expected a number"):
         tracking.log_model_version("covlab.demo.present", tmp_path / "w", {}, {"val_loss": "low"}, TAGS)
     assert [v.version for v in tracking.versions("covlab.demo.present")] == [1]
+
+
+def test_training_run_spans_the_training_with_epoch_steps_and_a_signature(tracking, tmp_path, monkeypatch):
+    import pandas as pd
+
+    name = "covlab.demo.trained_in_run"
+    example = pd.DataFrame({"subquestion": ["who wins?", "when?"], "text": ["the fen team", "in 1999"]})
+    with tracking.training_run(name, {"epochs": 3}, TAGS) as run:
+        started = time.time()
+        for epoch in (1, 2, 3):  # a fake training: 0.2 s an epoch
+            time.sleep(0.2)
+            run.log_epoch(epoch, {"train_loss": 1.0 / epoch, "dev_auc": 0.5 + 0.1 * epoch, "dev_score": None})
+        trained_for = time.time() - started
+        source = weights_dir(tmp_path / "w", seed=7)
+        ref = run.register(source, {"dev_auc": 0.8}, example=example, output="probability")
+    client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    info = client.get_run(ref.run_id).info
+    assert info.status == "FINISHED" and trained_for >= 0.6
+    assert (info.end_time - info.start_time) / 1000 >= trained_for
+    assert [(m.step, m.value) for m in client.get_metric_history(ref.run_id, "train_loss")] == [
+        (1, 1.0), (2, 0.5), (3, 1.0 / 3)]
+    assert sorted(m.step for m in client.get_metric_history(ref.run_id, "dev_auc")) == [0, 1, 2, 3]  # 0: final
+    assert client.get_metric_history(ref.run_id, "dev_score") == []
+    assert dict(ref.tags) == TAGS and client.get_model_version(name, "1").tags == TAGS
+    # The version reloads with its signature and input example through MLflow's own loaders.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.tracking_uri)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", tracking.tracking_uri)
+    model_info = mlflow.models.get_model_info(ref.uri)
+    assert model_info.signature is not None
+    assert model_info.signature.inputs.input_names() == ["subquestion", "text"]
+    assert [t.name for t in model_info.signature.inputs.input_types()] == ["string", "string"]
+    assert model_info.signature.outputs.input_names() == ["probability"]
+    loaded = mlflow.models.Model.load(ref.uri).load_input_example(ref.uri)
+    pd.testing.assert_frame_equal(loaded, example)
+    # The weights download as logged, without MLflow's metadata files.
+    assert files_of(tracking.download(ref, tmp_path / "dl")) == files_of(source)
+    assert tracking.version_url(ref) == f"http://127.0.0.1:5000/#/models/{name}/versions/1"
+
+
+def test_failed_training_ends_its_run_failed_and_registers_nothing(tracking, tmp_path):
+    name = "covlab.demo.diverged"
+    with pytest.raises(FloatingPointError, match="diverged"):
+        with tracking.training_run(name, {}, TAGS) as run:
+            run.log_epoch(1, {"train_loss": 0.9})
+            raise FloatingPointError("loss diverged")
+    client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    assert client.get_run(run.run_id).info.status == "FAILED"
+    assert [m.value for m in client.get_metric_history(run.run_id, "train_loss")] == [0.9]
+    assert tracking.versions(name) == []
