@@ -198,7 +198,8 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
 @pytest.mark.slow
 def test_a_partitioned_run_launched_through_the_graphql_client_materializes_that_partition(demo_home):
     """Dagster's GraphQL client has no partition argument: the partition goes in the `dagster/partition`
-    tag (the README snippet under "Two commands on a fresh machine"). The run the webserver launches materializes the asset for demo."""
+    tag (the README snippet under "Two commands on a fresh machine"). The run the webserver launches
+    materializes the asset for demo."""
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus
     from dagster_graphql import DagsterGraphQLClient
 
