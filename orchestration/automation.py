@@ -14,11 +14,12 @@ import json
 import os
 from collections.abc import Mapping
 
-from dagster import (AssetKey, AssetRecordsFilter, DefaultScheduleStatus, DefaultSensorStatus, RunRequest,
+from dagster import (AssetKey, DefaultScheduleStatus, DefaultSensorStatus, RunRequest,
                      ScheduleEvaluationContext, SensorEvaluationContext, SkipReason, schedule, sensor)
 
 from covlab.assets.model_registry import registered_model_name
 from covlab.assets.partitions import DATASETS
+from covlab.orchestration.lineage import CODE_VERSION_TAG, DATA_VERSION_TAG, INPUT_VERSION, latest_materialization
 from covlab.resources.tracking import TrackingResource
 
 REPORTS = [AssetKey("comparison_report"), AssetKey("coverage_report"), AssetKey("retrieval_report")]
@@ -27,9 +28,6 @@ PROMOTIONS = AssetKey("model_promotions")
 TRAINED_SELECTORS = ("coverage_estimator", "coverage_biencoder", "lmvu_ranker", "mcompass_student")
 
 
-# Provenance tags of every materialization (Dagster's data-version bookkeeping).
-CODE_VERSION_TAG, DATA_VERSION_TAG = "dagster/code_version", "dagster/data_version"
-INPUT_DATA_VERSION_TAG = "dagster/input_data_version/"  # + the upstream asset key, as a user string
 
 
 def partitions_data_version(versions: list[str]) -> str:
@@ -50,8 +48,8 @@ def stale_reason(recorded: Mapping[str, str] | None, code_version: str | None,
         return "missing"
     if code_version is not None and recorded.get(CODE_VERSION_TAG) != code_version:
         return f"code version {recorded.get(CODE_VERSION_TAG)} -> {code_version}"
-    read = {tag[len(INPUT_DATA_VERSION_TAG):]: version for tag, version in recorded.items()
-            if tag.startswith(INPUT_DATA_VERSION_TAG)}
+    read = {tag[len(INPUT_VERSION):]: version for tag, version in recorded.items()
+            if tag.startswith(INPUT_VERSION)}
     for key, version in sorted(upstream.items()):
         if key not in read:
             return f"new dependency on {key}"
@@ -59,13 +57,6 @@ def stale_reason(recorded: Mapping[str, str] | None, code_version: str | None,
             return f"{key} has a new data version"
     removed = sorted(set(read) - set(upstream))
     return f"removed dependency on {removed[0]}" if removed else None
-
-
-def _latest_tags(instance, key: AssetKey, partition: str | None) -> dict[str, str] | None:
-    """The tags of the latest materialization of `key` (of `partition`, when partitioned), or None."""
-    records = instance.fetch_materializations(
-        AssetRecordsFilter(asset_key=key, asset_partitions=[partition] if partition else None), limit=1).records
-    return dict(records[0].asset_materialization.tags or {}) if records else None
 
 
 def evaluation_selection(instance, asset_graph, partition: str, always: tuple[AssetKey, ...] = ()) -> list[AssetKey]:
@@ -76,7 +67,8 @@ def evaluation_selection(instance, asset_graph, partition: str, always: tuple[As
 
     def latest(key: AssetKey) -> dict[str, str] | None:
         if key not in tags:
-            tags[key] = _latest_tags(instance, key, partition if asset_graph.get(key).is_partitioned else None)
+            record = latest_materialization(instance, key, partition if asset_graph.get(key).is_partitioned else None)
+            tags[key] = dict(record.asset_materialization.tags or {}) if record else None
         return tags[key]
 
     def is_stale(key: AssetKey) -> bool:

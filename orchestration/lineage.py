@@ -27,7 +27,10 @@ from covlab.resources.io_manager import CONTENT_HASH, LOAD_RECORD, LOADED_VERSIO
 from covlab.resources.llm import LLMUsage
 
 POINTER = "dagster/input_event_pointer/"
-INPUT_VERSION = "dagster/input_data_version/"
+# Provenance tags Dagster records on every materialization (its data-version bookkeeping): one home for the
+# audit, the staleness rule (automation.py) and reproduce.
+CODE_VERSION_TAG, DATA_VERSION_TAG = "dagster/code_version", "dagster/data_version"
+INPUT_VERSION = "dagster/input_data_version/"  # + the upstream asset key, as a user string
 # Metadata entries that say what shaped a materialization (recorded by the assets).
 SHAPING = ("config", "settings", "format", "path", "source_files", "model_uri", "model_name", "model_version",
            "mlflow_run_id", "llm", "prompt_version", SOURCE_METADATA, RUNTIME_METADATA)
@@ -113,7 +116,8 @@ def _fetch(instance: DagsterInstance, key: AssetKey, storage_id: int):
     return records[0] if records else None
 
 
-def _latest(instance: DagsterInstance, key: AssetKey, partition: str | None):
+def latest_materialization(instance: DagsterInstance, key: AssetKey, partition: str | None):
+    """The index record of `key`'s latest materialization (of `partition`, when given), or None."""
     records = instance.fetch_materializations(AssetRecordsFilter(
         asset_key=key, asset_partitions=[partition] if partition else None), limit=1).records
     return records[0] if records else None
@@ -136,7 +140,7 @@ class LineageWalker:
         node = LineageNode(
             asset_key=key.to_user_string(), partition=partition, storage_id=record.storage_id, run_id=record.run_id,
             time=datetime.fromtimestamp(record.timestamp, tz=timezone.utc).isoformat(timespec="seconds"),
-            data_version=tags.get("dagster/data_version"), code_version=tags.get("dagster/code_version"),
+            data_version=tags.get(DATA_VERSION_TAG), code_version=tags.get(CODE_VERSION_TAG),
             content_sha256=metadata_value(mat.metadata.get(CONTENT_HASH)),
             shaped_by={k: metadata_value(mat.metadata[k]) for k in SHAPING if k in mat.metadata},
             step_key=record.event_log_entry.step_key,
@@ -144,7 +148,7 @@ class LineageWalker:
             llm_usage=metadata_value(mat.metadata[LLM_USAGE]) if LLM_USAGE in mat.metadata else None,
             training=_training(mat.metadata))
         latest = self._latest_of(key, partition)
-        latest_version = (latest.asset_materialization.tags or {}).get("dagster/data_version") if latest else None
+        latest_version = (latest.asset_materialization.tags or {}).get(DATA_VERSION_TAG) if latest else None
         if latest is not None and latest.storage_id != record.storage_id and latest_version != node.data_version:
             node.stale = (f"rematerialized since with other content: storage id {latest.storage_id}, run "
                           f"{latest.run_id}, data version {latest_version}")
@@ -219,7 +223,7 @@ class LineageWalker:
     def _latest_of(self, key: AssetKey, partition: str | None):
         cache_key = (key.to_user_string(), partition)
         if cache_key not in self._latest:
-            self._latest[cache_key] = _latest(self.instance, key, partition)
+            self._latest[cache_key] = latest_materialization(self.instance, key, partition)
         return self._latest[cache_key]
 
 
@@ -252,7 +256,7 @@ def audit_inputs(instance: DagsterInstance, keys: list[AssetKey], partition: str
     """Lineage of what a running asset reads: each input's latest materialization of the partition."""
     walker, nodes = LineageWalker(instance), []
     for key in sorted(keys, key=lambda k: k.to_user_string()):
-        record = _latest(instance, key, partition)
+        record = latest_materialization(instance, key, partition)
         nodes.append(walker.node(record) if record else LineageNode(key.to_user_string(), partition, None,
                                                                      gap="never materialized"))
     return nodes

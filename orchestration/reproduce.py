@@ -32,7 +32,8 @@ from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from covlab.assets.outputs import SOURCE_METADATA
 from covlab.models.versions import file_hash, value_differences
-from covlab.orchestration.lineage import LineageNode, audit_materialization, metadata_value
+from covlab.orchestration.lineage import (DATA_VERSION_TAG, LineageNode, audit_materialization,
+                                         latest_materialization, metadata_value)
 from covlab.resources.io_manager import read_stored
 from covlab.resources.source import PACKAGE_ROOT, SourceError, add_worktree, read_source_state, remove_worktree
 
@@ -261,10 +262,8 @@ def compare(plan: Plan, scratch: Path, original_home: Path) -> list[NodeCheck]:
     checks = []
     try:
         for node in plan.nodes:
-            records = instance.fetch_materializations(AssetRecordsFilter(
-                asset_key=AssetKey.from_user_string(node.asset_key),
-                asset_partitions=[node.partition] if node.partition else None), limit=1).records
-            rebuilt = records[0].asset_materialization.tags.get("dagster/data_version") if records else None
+            record = latest_materialization(instance, AssetKey.from_user_string(node.asset_key), node.partition)
+            rebuilt = record.asset_materialization.tags.get(DATA_VERSION_TAG) if record else None
             checks.append(NodeCheck(node.asset_key, node.partition, node.read_version, node.data_version, rebuilt))
     finally:
         instance.dispose()
