@@ -110,7 +110,8 @@ def _training(metadata: Mapping) -> dict:
     return {name: n for name, n in found.items() if n}
 
 
-def _fetch(instance: DagsterInstance, key: AssetKey, storage_id: int):
+def materialization_by_id(instance: DagsterInstance, key: AssetKey, storage_id: int):
+    """The index record of `key`'s materialization event `storage_id`, or None (not in the event log)."""
     records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key, storage_ids=[storage_id]),
                                               limit=1).records
     return records[0] if records else None
@@ -209,7 +210,7 @@ class LineageWalker:
         if pointer is None:
             return LineageNode(upstream, partition, None, gap="no load record and no input event pointer recorded")
         if int(pointer) not in self._records:  # a DAG: the same upstream event is read by many assets
-            self._records[int(pointer)] = _fetch(self.instance, key, int(pointer))
+            self._records[int(pointer)] = materialization_by_id(self.instance, key, int(pointer))
         record = self._records[int(pointer)]
         if record is None:
             return LineageNode(upstream, partition, int(pointer),

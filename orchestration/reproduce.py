@@ -28,12 +28,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
 from covlab.assets.outputs import SOURCE_METADATA
 from covlab.models.versions import file_hash, value_differences
 from covlab.orchestration.lineage import (DATA_VERSION_TAG, LineageNode, audit_materialization,
-                                         latest_materialization, metadata_value)
+                                         latest_materialization, materialization_by_id, metadata_value)
 from covlab.resources.io_manager import read_stored
 from covlab.resources.source import PACKAGE_ROOT, SourceError, add_worktree, read_source_state, remove_worktree
 
@@ -130,12 +130,6 @@ def dependency_order(root: LineageNode) -> list[LineageNode]:
     return list(order.values())
 
 
-def _record(instance: DagsterInstance, node: LineageNode):
-    records = instance.fetch_materializations(AssetRecordsFilter(
-        asset_key=AssetKey.from_user_string(node.asset_key), storage_ids=[node.storage_id]), limit=1).records
-    return records[0] if records else None
-
-
 def plan(instance: DagsterInstance, figure: dict, allow_dirty: bool = False) -> Plan:
     """Read everything a rebuild needs from the lineage of the report materialization that produced `figure`
     (a results-store row as a dict: report_asset, partition, run_id); ReproduceRefused when something is missing."""
@@ -149,7 +143,8 @@ def plan(instance: DagsterInstance, figure: dict, allow_dirty: bool = False) -> 
     gaps = [f"{n.asset_key} [{n.partition}]: {n.gap}" for n in nodes if n.storage_id is None]
     if gaps:
         raise ReproduceRefused("the lineage has gaps, so it does not say what to rebuild: " + "; ".join(gaps))
-    records = {n.storage_id: _record(instance, n) for n in nodes}
+    records = {n.storage_id: materialization_by_id(instance, AssetKey.from_user_string(n.asset_key), n.storage_id)
+               for n in nodes}
     sources = {}
     for node in nodes:
         metadata = records[node.storage_id].asset_materialization.metadata
