@@ -17,9 +17,10 @@ from covlab.assets.model_registry import load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.comparison import (BUDGETED_METHODS, BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS,
-                                      TOKEN_COUNTS, BudgetedMethod, compare, cross_validated_lmvu,
-                                      embed_items, evaluated_query_ids, fit_lmvu, labelled_pools, markdown, method_protocols,
-                                      pool_token_counts, query_pools, resolve_budgets, run_method, topic_folds)
+                                      METHOD, TOKEN_COUNTS, BudgetedMethod, compare, cross_validated_lmvu,
+                                      embed_items, evaluated_query_ids, fit_lmvu, labelled_pools, markdown,
+                                      method_protocols, method_rvc1, pool_token_counts, query_pools,
+                                      resolve_budgets, run_method, topic_folds)
 from covlab.models.budgeted import Budget
 from covlab.models.coverage import document_texts, load_first_stage, queries_of
 from covlab.models.encoders import default_base_model
@@ -27,6 +28,7 @@ from covlab.models.lmvu import FEATURE_NAMES, LMVU, LMVURanker, SelectionState, 
 from covlab.models.selection import estimator_trusted
 from covlab.models.tokens import TokenCounter
 from covlab.models.plots import budget_chart, figure_entries, markdown_image
+from covlab.models.report import report_figures
 from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, report_lineage_markdown
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
@@ -102,15 +104,17 @@ def _lmvu_settings(settings: dict) -> dict:
             "max_pairs_per_state": settings["max_pairs_per_state"], "seed": settings["seed"]}
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1",
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2",
        kinds={"sklearn", "mlflow"}, owners=OWNERS)
 def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: pd.DataFrame,
                 queries: pd.DataFrame, corpus: pd.DataFrame, item_embeddings: pd.DataFrame,
                 token_counts: pd.DataFrame, nuggets: pd.DataFrame, nugget_links: pd.DataFrame,
                 evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
     """The LMVU ranker (METHODS.md §2) trained pairwise on sampled states of the train queries, C chosen on
-    the tune split; registered in MLflow as covlab.<dataset>.lmvu_ranker. Under grouped_cv the comparison
-    refits it per fold with these settings."""
+    the tune split; registered in MLflow as covlab.<dataset>.lmvu_ranker with its dev score for champion
+    promotion (model_promotions): the mean RVC1 of its budgeted selections on the tune split, as the comparison
+    reports it, and its gate's figures (held-out top-1 accuracy against chance). Under grouped_cv the
+    comparison refits it per fold with these settings."""
     budgets = resolve_budgets(evaluation.token_budgets, token_counts)
     ids = queries_of(queries, ["train", evaluation.tune_split])["query_id"]
     pools = query_pools(bm25_pools, queries, item_embeddings, token_counts, corpus, ids, nuggets, nugget_links)
@@ -124,6 +128,10 @@ def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: 
         top1, chance = heldout_top1_accuracy(trained.ranker, split[evaluation.tune_split],
                                              [Budget(tokens=b) for b in budgets],
                                              states_per_query=config.states_per_query, seed=config.seed)
+        tune_pools = {q: p for q, p in pools.items() if p.split == evaluation.tune_split}
+        dev_rvc1, dev_rvc1_by_budget = method_rvc1(
+            METHOD["lmvu"], tune_pools, budgets, nugget_links, alpha=evaluation.alpha,
+            mmr_lambda=evaluation.mmr_lambda, tau=evaluation.tau, ranker=LMVU(trained.ranker))
         evidence = {"chosen_C": trained.C, "dev_pairwise_accuracy": trained.dev_accuracy,
                     "pairs": {"train": trained.train_pairs, "dev": trained.dev_pairs},
                     "dev_top1_accuracy": top1, "dev_top1_chance": chance}
@@ -132,11 +140,15 @@ def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: 
             (Path(work) / RANKER_FILE).write_text(json.dumps(trained.ranker.to_dict(), indent=2))
             model = training.register(artifacts, work,
                                       metrics={"dev_pairwise_accuracy": trained.dev_accuracy[trained.C],
-                                               "dev_top1": top1, "chosen_C": trained.C},
+                                               "dev_top1": top1, "chosen_C": trained.C, "dev_rvc1": dev_rvc1,
+                                               **{f"dev_rvc1_budget_{b}": v for b, v in dev_rvc1_by_budget.items()}},
                                       example=pd.DataFrame(features, columns=list(FEATURE_NAMES)), output="score")
-    return content_output({**model, "settings": config.model_dump()}, metadata={
+    return content_output({**model, "settings": config.model_dump(), "dev_rvc1": dev_rvc1,
+                           "dev_top1_accuracy": top1, "dev_top1_chance": chance}, metadata={
         "coefficients": MetadataValue.json(trained.coefficients()),
         "dev_pairwise_accuracy": trained.dev_accuracy[trained.C], "evidence": MetadataValue.json(evidence),
+        "dev_rvc1": dev_rvc1,
+        "dev_rvc1_by_budget": MetadataValue.json({str(b): v for b, v in dev_rvc1_by_budget.items()}),
         "budgets": MetadataValue.json(list(budgets)), "model_uri": model["uri"],
         **training.metadata(path, x="C"), "config": MetadataValue.json(config.model_dump())})
 
@@ -247,13 +259,11 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
     for name, frame in (("summary.csv", result.summary), ("headroom.csv", result.headroom),
                         ("paired.csv", result.paired), ("per_query.csv", result.figures)):
         atomic_write(folder / name, lambda tmp, f=frame: f.to_csv(tmp))
-    aggregates = result.figures.groupby(["method", "budget", "split", "metric"], as_index=False)["value"].mean()
     stored = results.write_report(ReportRecord(
         dataset=context.partition_key, report_asset="comparison_report", partition=context.partition_key,
         run_id=context.run_id, code_version=COMPARISON_CODE_VERSION, data_version=None,
         config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
-        pd.concat([result.figures, aggregates.assign(query_id=None)], ignore_index=True).assign(
-            dataset=context.partition_key, k=None))
+        report_figures(result.figures, context.partition_key, k=None))
     method_inputs = {method: [AssetKey(name)] for method, name in SELECTIONS.items()}
     lineage = record_report_lineage(context, method_inputs)
     headline = result.figures[result.figures["metric"] == HEADLINE_METRIC]

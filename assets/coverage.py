@@ -281,9 +281,13 @@ class EstimationConfig(Config):
     first_stage_max_length: int = Field(256, description="tokens per text for the first stage")
 
 
-def _estimated_matrix(context, config: EstimationConfig, pools: pd.DataFrame, subqs: pd.DataFrame,
-                      queries: pd.DataFrame, corpus: pd.DataFrame, estimator: dict, evaluation: EvaluationResource,
-                      device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output:
+def estimated_matrix_output(context, config: EstimationConfig, pools: pd.DataFrame, subqs: pd.DataFrame,
+                            queries: pd.DataFrame, corpus: pd.DataFrame, estimator: dict,
+                            evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
+                            artifacts: ArtifactStore) -> Output:
+    """The body of every estimated-matrix asset (over the BM25 pools, their gold nuggets, the MCompass pools):
+    the registered estimator's coverage probability of each (pool document, subquestion) pair of the
+    evaluated splits, pruned to each subquestion's top-m documents when the config asks."""
     context.log.info(device.describe())
     torch_device, dtype = device.torch_device(), device.autocast_dtype()
     scorer = load_estimator_scorer(load_registered_model(estimator, tracking, artifacts), batch_size=config.batch_size,
@@ -315,7 +319,7 @@ def estimated_coverage_matrix(context: AssetExecutionContext, config: Estimation
     """Estimated coverage probability of every (pool document, subquestion) of the evaluated splits. With
     prune_top_m set, only each subquestion's top-m pool documents under the first-stage bi-encoder are
     scored; the other pairs hold probability 0.0 (counted as pairs_pruned in the metadata)."""
-    return _estimated_matrix(context, config, bm25_pools, subquestions, queries, corpus, coverage_estimator,
+    return estimated_matrix_output(context, config, bm25_pools, subquestions, queries, corpus, coverage_estimator,
                              evaluation, device, tracking, artifacts)
 
 
@@ -329,5 +333,5 @@ def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: Estim
                                    artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix (pruned as
     estimated_coverage_matrix is, with pruned pairs at probability 0.0)."""
-    return _estimated_matrix(context, config, bm25_pools, gold_subquestions(nuggets), queries, corpus,
+    return estimated_matrix_output(context, config, bm25_pools, gold_subquestions(nuggets), queries, corpus,
                              coverage_estimator, evaluation, device, tracking, artifacts)

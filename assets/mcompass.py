@@ -1,6 +1,8 @@
 """MCompassRAG (METHODS.md §4), the family that decides what enters the pool: chunks of the whole corpus,
 their BM25 index, the topic metadata bank, the teacher's training pairs, the distilled student, whole-corpus
-retrieval by the student, its ablations, dense cosine and BM25, and the retrieval report (P@k, R@k, IE@k)."""
+retrieval by the student, its ablations, dense cosine and BM25, and the retrieval report (P@k, R@k, IE@k); then
+the student's run as candidate pools of the coverage family, their estimated coverage matrix, and the comparison
+of coverage selection from them and from the BM25 pools (issue 11)."""
 
 import tempfile
 import time
@@ -14,10 +16,13 @@ from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey,
                      MetadataValue, Output, asset, asset_check, multi_asset)
 from pydantic import Field
 
+from covlab.assets.coverage import EstimationConfig, estimated_matrix_output
 from covlab.assets.outputs import content_output
 from covlab.assets.model_registry import load_model_by_alias, load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
+from covlab.assets.pools import PoolConfig
 from covlab.assets.presentation import OWNERS, table_metadata
+from covlab.assets.selections import METHODS, estimate_trust
 from covlab.models import prompts
 from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, tiling_problems
 from covlab.models.comparison import markdown, topic_folds
@@ -26,9 +31,11 @@ from covlab.models.encoders import default_base_model
 from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, heldout_ie,
                                     load_student, sample_pairs, save_student, student_runs, student_variants,
                                     teacher_agreement, teacher_logits, train_student)
+from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
+from covlab.models.report import POOL_ORDER, compare_pools, report_figures
 from covlab.models.retrieval import (RETRIEVAL_RUN, dense_top_k, evidence_metrics, ranking_problems, retrieval_summary,
                                      run_table)
-from covlab.models.schemas import CHUNK_LINKS, CHUNK_QRELS, CHUNKS, CORPUS
+from covlab.models.schemas import CHUNK_LINKS, CHUNK_QRELS, CHUNKS, CORPUS, COVERAGE_MATRIX, POOLS
 from covlab.models.versions import content_version
 from covlab.models.tokens import TokenCounter
 from covlab.models.topics import BankError, KMeansTopics, TopicBank, build_bank, effective_topics, topic_summary
@@ -47,6 +54,12 @@ GROUP = "mcompass"
 QUERY_VECTORS_FILE = "query_vectors.npz"
 REPORT_CODE_VERSION = "1"
 BASELINE = "dense"
+STUDENT = "mcompass"  # the student's method in mcompass_retrieval
+# pool_comparison: pool source -> (its pool, its estimated coverage matrix); the BM25 pool is the baseline
+POOL_SOURCES = {"bm25": ("bm25_pools", "estimated_coverage_matrix"),
+                "mcompass": ("mcompass_pools", "mcompass_pool_coverage_matrix")}
+BASELINE_POOL = "bm25"
+COVERAGE_GREEDY = next(spec for spec in METHODS if spec.name == "coverage_greedy")  # its rule, as selected
 
 
 class ChunkConfig(Config):
@@ -352,6 +365,107 @@ def retrieval_report(context: AssetExecutionContext, config: RetrievalReportConf
         **{name: MetadataValue.float(value) for name, value in figure_entries(rows).items()}})
 
 
+class StudentPoolConfig(Config):
+    n: int = Field(PoolConfig.model_fields["n"].default,
+                   description="documents per query's pool: the student's chunks in rank order, each standing for "
+                               "its document, until n distinct documents (bm25_pools' n, its depth in bm25 mode); "
+                               "0: as many as the query's BM25 pool holds (given mode: its candidates), so both "
+                               "pools are the same size")
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", kinds={"python", "parquet"}, owners=OWNERS,
+       metadata=table_metadata(POOLS))
+def mcompass_pools(config: StudentPoolConfig, mcompass_retrieval: pd.DataFrame, chunks: pd.DataFrame,
+                   bm25_pools: pd.DataFrame, nugget_links: pd.DataFrame,
+                   qrels: pd.DataFrame) -> Output[pd.DataFrame]:
+    """Each evaluated query's candidate pool from the student's run in mcompass_retrieval (under grouped_cv
+    each query was ranked by the student of a fold that never trained on it): chunks mapped to their
+    documents, a document placed by its first chunk in rank order, cut at n documents; a POOLS table like
+    bm25_pools, so the coverage family can start from either (pool_comparison). Metadata: the mean pool
+    size, the mean share of its documents the BM25 pool also holds, and the mean share of a query's evidence
+    documents inside each pool (the most of the evidence any selection from it can reach)."""
+    sizes = config.n if config.n > 0 else bm25_pools.groupby("query_id").size().to_dict()
+    pools = pools_from_chunk_run(mcompass_retrieval[mcompass_retrieval["method"] == STUDENT],
+                                 chunks.set_index("chunk_id")["doc_id"], sizes)
+    agreement = pool_agreement(pools, bm25_pools, evidence_documents(nugget_links, qrels))
+    return content_output(pools, metadata={
+        "queries": agreement["queries"], "mean_pool_size": agreement["mean_pool_size"],
+        "mean_overlap_with_bm25": agreement["mean_overlap"],
+        "queries_with_evidence": agreement["queries_with_evidence"],
+        "evidence_share_mcompass": agreement["evidence_share"]["pool"],
+        "evidence_share_bm25": agreement["evidence_share"]["reference"],
+        "config": MetadataValue.json(config.model_dump())})
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
+@reports_peak_rss
+def mcompass_pool_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
+                                  mcompass_pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.DataFrame,
+                                  corpus: pd.DataFrame, coverage_estimator: dict, evaluation: EvaluationResource,
+                                  device: DeviceResource, tracking: TrackingResource,
+                                  artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+    """estimated_coverage_matrix over the MCompass pools: the estimator's coverage probability of every
+    (pool document, subquestion) of the evaluated splits, pruned as that asset is (same config)."""
+    return estimated_matrix_output(context, config, mcompass_pools, subquestions, queries, corpus, coverage_estimator,
+                             evaluation, device, tracking, artifacts)
+
+
+class PoolComparisonConfig(Config):
+    seed: int = Field(0, description="bootstrap seed")
+
+
+@asset(partitions_def=DATASETS, group_name="reports", code_version=REPORT_CODE_VERSION,
+       kinds={"python", "parquet"}, owners=OWNERS)
+def pool_comparison(context: AssetExecutionContext, config: PoolComparisonConfig, bm25_pools: pd.DataFrame,
+                    mcompass_pools: pd.DataFrame, estimated_coverage_matrix: pd.DataFrame,
+                    mcompass_pool_coverage_matrix: pd.DataFrame, coverage_estimator: dict,
+                    nugget_links: pd.DataFrame, qrels: pd.DataFrame, queries: pd.DataFrame,
+                    evaluation: EvaluationResource, results: ResultsStore,
+                    artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+    """BM25 pool + coverage greedy against MCompass pool + coverage greedy (issue 11): from each pool the
+    first k in pool order and coverage_greedy's rule (greedy at tau, the estimator gate, the blend weight
+    tuned on the tune split) on that pool's estimated matrix, alpha-nDCG@k and StRecall@k per query (method
+    "<source>:<selection>"), paired statistics of the MCompass pool against the BM25 pool per selection and
+    metric on the report split; per-query figures to the results store. [chosen] Both sources fall back to,
+    and break ties by, their own pool order: the coverage bi-encoder that orders selection_coverage_greedy
+    has scores for the BM25 pools only, so the BM25 row here can differ from that selection."""
+    compared = compare_pools({"bm25": bm25_pools, "mcompass": mcompass_pools},
+                             {"bm25": estimated_coverage_matrix, "mcompass": mcompass_pool_coverage_matrix},
+                             COVERAGE_GREEDY.name, COVERAGE_GREEDY.selector(evaluation),
+                             estimate_trust(evaluation, coverage_estimator, queries, nugget_links), nugget_links,
+                             qrels, queries, evaluation.splits, evaluation.report_split, BASELINE_POOL, evaluation.k,
+                             evaluation.alpha, config.seed)
+    folder = artifacts.directory("pool_comparison", context.partition_key, context.run_id)
+    for name, frame in (("summary.csv", compared.summary), ("paired.csv", compared.paired),
+                        ("per_query.csv", compared.per_query)):
+        atomic_write(folder / name, lambda tmp, f=frame: f.to_csv(tmp))
+    stored = results.write_report(ReportRecord(
+        dataset=context.partition_key, report_asset="pool_comparison", partition=context.partition_key,
+        run_id=context.run_id, code_version=REPORT_CODE_VERSION, data_version=None,
+        config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
+        report_figures(compared.per_query, context.partition_key, evaluation.k))
+    method_inputs = {f"{source}:{selection}": [AssetKey(pool)] + ([AssetKey(matrix), AssetKey("coverage_estimator")]
+                                                                  if selection != POOL_ORDER else [])
+                     for source, (pool, matrix) in POOL_SOURCES.items()
+                     for selection in (POOL_ORDER, COVERAGE_GREEDY.name)}
+    lineage = record_report_lineage(context, method_inputs)
+    reported = compared.per_query[compared.per_query["split"] == evaluation.report_split]
+    paired = compared.paired.set_index(["selection", "metric", "source"])[
+        ["mean_a", "mean_b", "mean_difference", "ci_low", "ci_high", "wins", "ties", "losses", "wilcoxon_p"]].rename(
+        columns={"mean_a": "pool", "mean_b": "bm25_pool", "mean_difference": "difference"})
+    return content_output(compared.per_query, metadata={
+        "summary": MetadataValue.md(markdown(compared.summary)),
+        "paired_vs_bm25_pool": MetadataValue.md(markdown(paired)),
+        "decisions": MetadataValue.json(compared.decisions),
+        "queries": int(reported["query_id"].nunique()), "report_split": evaluation.report_split,
+        "artifacts": MetadataValue.path(str(folder)), REPORT_ID: stored,
+        "lineage": MetadataValue.md(report_lineage_markdown(context.asset_key, context.partition_key, lineage,
+                                                            method_inputs)),
+        "config": MetadataValue.json(config.model_dump()),
+        **{name: MetadataValue.float(value) for name, value in figure_entries(reported).items()}})
+
+
 @asset_check(asset="chunks", blocking=True, partitions_def=DATASETS, additional_ins={"corpus": AssetIn()},
              description="every document's chunks tile its model text: offsets from 0 to its end without gap or "
                          "overlap, each chunk the slice its offsets name")
@@ -385,5 +499,5 @@ def retrieval_runs_are_rankings(mcompass_retrieval: pd.DataFrame, chunks: pd.Dat
 
 
 MCOMPASS_ASSETS = [chunks, chunk_index, topic_metadata_bank, mcompass_teacher, mcompass_student, mcompass_retrieval,
-                   retrieval_report]
+                   retrieval_report, mcompass_pools, mcompass_pool_coverage_matrix, pool_comparison]
 MCOMPASS_CHECKS = [chunks_tile_documents, topic_metadata_bank_is_valid, retrieval_runs_are_rankings]

@@ -14,8 +14,8 @@ from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.coverage import queries_of, rank_pool_by
-from covlab.models.selection import (ESTIMATED, GOLD, SELECTIONS, CoverageColumns, GreedyCoverage, RelevanceSelection,
-                                     KSelector, SoftGreedyCoverage, select_per_query, select_trusting_estimate)
+from covlab.models.selection import (ESTIMATED, GOLD, SELECTIONS, CoverageColumns, EstimateTrust, GreedyCoverage,
+                                     KSelector, RelevanceSelection, SoftGreedyCoverage, select_method)
 from covlab.resources.evaluation import EvaluationResource
 
 
@@ -58,6 +58,15 @@ METHODS = [
 ]
 
 
+def estimate_trust(evaluation: EvaluationResource, coverage_estimator: dict, queries: pd.DataFrame,
+                   nugget_links: pd.DataFrame) -> EstimateTrust:
+    """How far a selection on the estimator's matrix may follow it, under the evaluation settings: the
+    estimator's dev ROC-AUC against the gate, the blend weight tuned on the tune split's gold."""
+    return EstimateTrust(dev_auc=coverage_estimator["dev_auc"], min_dev_auc=evaluation.min_estimator_dev_auc,
+                         queries=queries, tune_split=evaluation.tune_split, nugget_links=nugget_links,
+                         weights=evaluation.blend_weights, alpha=evaluation.alpha)
+
+
 def _ranked_pool(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, queries: pd.DataFrame,
                  evaluation: EvaluationResource, ranking: str | None) -> pd.DataFrame:
     pool = bm25_pools.merge(queries_of(queries, evaluation.splits)[["query_id"]], on="query_id")
@@ -69,22 +78,17 @@ def _selection(spec: SelectionMethod, bm25_pools: pd.DataFrame, pool_scores: pd.
                coverage_estimator: dict | None = None, nugget_links: pd.DataFrame | None = None
                ) -> Output[pd.DataFrame]:
     """One method's run; a method on estimated coverage goes through the estimator gate and the blend
-    (models/selection.py: select_trusting_estimate)."""
+    (models/selection.py: select_method)."""
     pool = _ranked_pool(bm25_pools, pool_scores, queries, evaluation, spec.ranking)
     selector = spec.selector(evaluation)
     metadata = {"k": evaluation.k, "method": selector.name, "ordered_by": spec.ranking or "bm25",
                 "settings": MetadataValue.json(evaluation.model_dump())}
-    if coverage_estimator is None:
-        selected = select_per_query(pool, selector, evaluation.k, coverage, spec.columns)
-    else:
-        selected, decision = select_trusting_estimate(
-            pool, selector, evaluation.k, coverage, spec.columns,
-            dev_auc=coverage_estimator["dev_auc"], min_dev_auc=evaluation.min_estimator_dev_auc, queries=queries,
-            tune_split=evaluation.tune_split, nugget_links=nugget_links, weights=evaluation.blend_weights,
-            alpha=evaluation.alpha)
-        metadata.update(decision)
-        if "blend" in decision:
-            metadata["blend"] = MetadataValue.json(decision["blend"])
+    trust = (None if coverage_estimator is None
+             else estimate_trust(evaluation, coverage_estimator, queries, nugget_links))
+    selected, decision = select_method(pool, selector, evaluation.k, coverage, spec.columns, trust)
+    metadata.update(decision)
+    if "blend" in decision:
+        metadata["blend"] = MetadataValue.json(decision["blend"])
     return content_output(selected, metadata={"queries": int(selected["query_id"].nunique()), **metadata})
 
 

@@ -7,8 +7,9 @@ models/budgeted.py (RelevanceOrder, MMR(0.5), FacilityLocation, AdaGReS, Coverag
 the gold matrix) and both exact oracles (rvc1_oracle, rvc2_oracle) are timed three ways:
 
 - library, per pool: `selector(pool, budget)` for each query;
-- library, batched: `select_batch(selector, pools, budget)` over all 62 queries (per query = total / 62;
-  selectors without a batched path run pool by pool there too);
+- library, batched: `select_batch(selector, pools, budget)` over all 62 queries (per query = total / 62):
+  CoverageGreedy and FacilityLocation step their pools in lockstep; RelevanceOrder, MMR and AdaGReS run
+  pool by pool there too (why: models/budgeted.py's module docstring);
 - reference: the same algorithm written below in plain Python (lists and loops, no numpy), on the same pools
   converted to lists beforehand. The oracle references are METHODS.md §2's DPs as written (no dominance
   pruning, which the library adds), so their ratio counts the pruning and the vectorisation together.

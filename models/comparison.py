@@ -21,6 +21,7 @@ from covlab.models.budgeted import (MMR, AdaGReS, Budget, CoverageGreedy, Facili
 from covlab.models.lmvu import LMVU, LabelledPool, TrainedLMVU, train_lmvu
 from covlab.models.metrics import evaluate_run
 from covlab.models.oracles import rvc1_oracle, rvc2_oracle
+from covlab.models.report import method_means
 from covlab.models.schemas import BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS, TOKEN_COUNTS
 from covlab.models.selection import ESTIMATED, Trust, query_matrix
 from covlab.models.statistics import paired_comparison
@@ -419,6 +420,23 @@ def _set_measures(method: str, budget: int, query_pool: QueryPool, doc_ids: list
         values["rvc2"] = rvc2(gold, pool.source_units, chosen)
     return [(method, budget, query_pool.query_id, query_pool.split, metric, value)
             for metric, value in values.items()]
+
+
+def method_rvc1(method: BudgetedMethod, query_pools: Mapping[str, QueryPool], budgets: Sequence[int],
+                nugget_links: pd.DataFrame, *, alpha: float, **settings) -> tuple[float, dict[int, float]]:
+    """One method's RVC1 as the comparison reports it: its selections (`run_method` with `settings`) over
+    `query_pools` (of one split) measured by `comparison_figures` and averaged over the queries with
+    viewpoints per budget (models/report.method_means); (the mean over `budgets` of those means, budget ->
+    mean; NaN where no query has viewpoints). The LMVU ranker's dev score for champion promotion, on the tune
+    split's pools."""
+    splits = sorted({p.split for p in query_pools.values()})
+    if len(splits) > 1:
+        raise ValueError(f"method_rvc1 scores the pools of one split; got {splits}")
+    table, _ = run_method(method, query_pools, budgets, **settings)
+    means = method_means(comparison_figures({method.name: table}, query_pools, nugget_links, alpha))
+    rvc1_means = means[means["metric"] == "rvc1"].set_index("budget")["value"]
+    by_budget = {int(b): float(rvc1_means.get(b, np.nan)) for b in budgets}
+    return float(np.mean(list(by_budget.values()))), by_budget
 
 
 def summary_table(figures: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:

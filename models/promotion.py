@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from covlab.models.selection import Trust
@@ -22,9 +23,10 @@ def promotion_decision(candidate_version: int, dev_score: float, champion_versio
                        champion_score: float | None, gate: Trust | None = None,
                        score_name: str = "dev score") -> Promotion:
     """The promotion rule [chosen]: a candidate that fails its `gate` (the coverage estimator's:
-    `estimator_trusted`; None: no gate) is not promoted; one that already holds the alias stays champion;
-    one scoring below the champion's `champion_score` stays candidate; otherwise (no champion yet, a champion
-    without a recorded score, or a score >= the champion's) it is promoted."""
+    `estimator_trusted`; the LMVU ranker's: `ranker_trusted`; None: no gate) is not promoted; one that
+    already holds the alias stays champion; one scoring below the champion's `champion_score` stays candidate;
+    otherwise (no champion yet, a champion without a recorded score, or a score >= the champion's) it is
+    promoted."""
     if gate is not None and not gate.trusted:
         return Promotion(GATED, False, f"is not promoted to champion: {gate.reason}")
     if champion_version is not None and champion_version == candidate_version:
@@ -35,3 +37,16 @@ def promotion_decision(candidate_version: int, dev_score: float, champion_versio
     was = "none" if champion_version is None else (
         f"v{champion_version} " + ("without a score" if champion_score is None else f"{champion_score:.4f}"))
     return Promotion(PROMOTE, True, f"promoted to champion ({score_name} {dev_score:.4f}; previous champion: {was})")
+
+
+def ranker_trusted(top1_accuracy: float, chance: float) -> Trust:
+    """The LMVU ranker's gate [chosen]: a ranker is promoted only when its held-out top-1 accuracy on the
+    tune split's sampled states (models/lmvu.heldout_top1_accuracy) is above the chance rate of the same
+    states; at or below chance (or when either is not a number) its order is no better than a random pick."""
+    if not (math.isfinite(top1_accuracy) and math.isfinite(chance)):
+        return Trust(False, f"dev top-1 accuracy {top1_accuracy!r} against chance {chance!r} is not a figure; "
+                            "the ranker cannot be judged")
+    if top1_accuracy <= chance:
+        return Trust(False, f"dev top-1 accuracy {top1_accuracy:.4f} <= chance {chance:.4f}: the ranker picks the "
+                            "best candidate no more often than a random pick")
+    return Trust(True, f"dev top-1 accuracy {top1_accuracy:.4f} > chance {chance:.4f}")

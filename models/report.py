@@ -3,9 +3,14 @@ selection, the Table 1 layout and paired comparisons against the relevance basel
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
 import pandas as pd
 
+from covlab.models.coverage import queries_of
 from covlab.models.metrics import evaluate_run
+from covlab.models.selection import ESTIMATED, CoverageSelector, EstimateTrust, RelevanceSelection, select_method
 from covlab.models.statistics import paired_comparison
 
 # (row label, selection method) in the paper's Table 1 order, with our extra rows after.
@@ -37,16 +42,19 @@ def evaluate_selections(selections: dict[str, pd.DataFrame], nugget_links: pd.Da
 
 
 def method_means(per_query: pd.DataFrame) -> pd.DataFrame:
-    """(method, split, metric, value): each metric's mean over the queries of a split, per method; the one
-    average behind Table 1, the stored report figures and the dev scores that decide promotion."""
-    return per_query.groupby(["method", "split", "metric"], as_index=False)["value"].mean()
+    """(method, [budget,] split, metric, value): each metric's mean over the queries of a split, per method
+    and, for the token-budgeted comparison's figures (which have a budget column), per budget; the one average
+    behind Table 1, the stored report figures and the dev scores that decide promotion."""
+    keys = ["method", *(["budget"] if "budget" in per_query else []), "split", "metric"]
+    return per_query.groupby(keys, as_index=False)["value"].mean()
 
 
-def report_figures(per_query: pd.DataFrame, dataset: str, k: int) -> pd.DataFrame:
+def report_figures(per_query: pd.DataFrame, dataset: str, k: int | None) -> pd.DataFrame:
     """The rows the results store keeps for a report: every per-query value and, with query_id None, the
-    `method_means` aggregates."""
-    return pd.concat([per_query, method_means(per_query).assign(query_id=None)], ignore_index=True).assign(
-        dataset=dataset, budget=None, k=k)
+    `method_means` aggregates; budget None when the figures have none, k None for a report without a rank
+    cut-off (the comparison's)."""
+    figures = pd.concat([per_query, method_means(per_query).assign(query_id=None)], ignore_index=True)
+    return figures.assign(dataset=dataset, budget=figures.get("budget"), k=k)
 
 
 def method_scores(per_query: pd.DataFrame, split: str, metric: str) -> dict[str, float]:
@@ -62,7 +70,8 @@ def table1(per_query: pd.DataFrame, split: str) -> pd.DataFrame:
                                                                        values="value")
     rows = [(label, method) for label, method in TABLE1_ROWS if method in means.index]
     table = means.loc[[m for _, m in rows]]
-    table.index = pd.Index([label for label, _ in rows], name=f"{split} (n={per_query.loc[per_query['split'] == split, 'query_id'].nunique()})")
+    queries = per_query.loc[per_query["split"] == split, "query_id"].nunique()
+    table.index = pd.Index([label for label, _ in rows], name=f"{split} (n={queries})")
     metric_order = sorted(table.columns, key=lambda m: ("alpha" not in m, "strecall" not in m, "p@" not in m, m))
     return table[metric_order]
 
@@ -76,3 +85,52 @@ def paired_against(per_query: pd.DataFrame, split: str, metric: str, baseline: s
         return pd.DataFrame()
     return pd.DataFrame([{"method": m, **paired_comparison(wide[m], wide[baseline], seed=seed)}
                          for m in wide.columns if m != baseline]).set_index("method")
+
+
+class PoolComparison(NamedTuple):
+    """The k-document selections of several candidate pools, scored (`compare_pools`). per_query: (method,
+    query_id, split, metric, value), method "<pool source>:<selection>"; summary: each metric's mean on the
+    report split per selection (rows) and source (columns); paired: per selection and metric, each source
+    against the baseline source (paired_against's fields); decisions: source -> the coverage selection's
+    estimator decision (fell_back, estimator_gate, blend_weight, ...)."""
+    per_query: pd.DataFrame
+    summary: pd.DataFrame
+    paired: pd.DataFrame
+    decisions: dict[str, dict]
+
+
+POOL_ORDER = "pool_order"  # the pool's own rank order: what every coverage selection falls back to
+
+
+def compare_pools(pools: Mapping[str, pd.DataFrame], matrices: Mapping[str, pd.DataFrame], selection: str,
+                  selector: CoverageSelector, trust: EstimateTrust, nugget_links: pd.DataFrame, qrels: pd.DataFrame,
+                  queries: pd.DataFrame, splits: Sequence[str], report_split: str, baseline: str, k: int,
+                  alpha: float, seed: int = 0) -> PoolComparison:
+    """Which candidate pool serves a coverage selection better (issue 11): from each pool (source -> POOLS
+    table) the first k documents in pool order and the `selector`'s selection on the source's estimated
+    coverage matrix (`matrices`, COVERAGE_MATRIX), named `selection`, through the estimator gate and the
+    blend tuned on trust.tune_split (models/selection.py `select_method`), its fallback being the pool order;
+    then alpha-nDCG@k and StRecall@k of each (`evaluate_selections`) and the paired statistics of every
+    source against `baseline` per selection and metric on `report_split`. Every source is compared on the
+    same queries: those of `splits` that every pool holds."""
+    if baseline not in pools:
+        raise ValueError(f"baseline {baseline!r} is not a pool source; expected one of {sorted(pools)}")
+    shared = set(queries_of(queries, splits)["query_id"]).intersection(*(set(p["query_id"]) for p in pools.values()))
+    runs, decisions = {}, {}
+    for source, pool in sorted(pools.items()):
+        pool = pool[pool["query_id"].isin(shared)]
+        runs[f"{source}:{POOL_ORDER}"], _ = select_method(pool, RelevanceSelection(), k)
+        runs[f"{source}:{selection}"], decisions[source] = select_method(pool, selector, k, matrices[source],
+                                                                         ESTIMATED, trust)
+    metrics = [f"alpha_ndcg@{k}", f"strecall@{k}"]
+    per_query = evaluate_selections(runs, nugget_links, qrels, queries, k, alpha)
+    per_query = per_query[per_query["metric"].isin(metrics)].reset_index(drop=True)
+    named = per_query.assign(source=per_query["method"].str.split(":").str[0],
+                             selection=per_query["method"].str.split(":").str[1])
+    reported = named[named["split"] == report_split]
+    summary = (reported.groupby(["selection", "metric", "source"])["value"].mean()
+               .unstack(["metric", "source"]).sort_index(axis=1))
+    paired = pd.concat([paired_against(rows.assign(method=rows["source"]), report_split, metric, baseline, seed)
+                        .assign(selection=name, metric=metric)
+                        for (name, metric), rows in named.groupby(["selection", "metric"], sort=True)])
+    return PoolComparison(per_query, summary, paired.rename_axis("source").reset_index(), decisions)

@@ -284,6 +284,35 @@ def select_trusting_estimate(pool: pd.DataFrame, selector: CoverageSelector, k: 
     return select_per_query(pool, replace(selector, weight=choice.weight), k, coverage, columns), decision
 
 
+@dataclass(frozen=True)
+class EstimateTrust:
+    """What a selection on an estimated coverage matrix reads to decide how far to follow it
+    (`select_trusting_estimate`): the estimator's dev ROC-AUC and the gate it must reach, the QUERIES table
+    and the split the blend weight is tuned on with its gold nugget links, the candidate weights, and alpha
+    of the alpha-nDCG that tunes them."""
+    dev_auc: float
+    min_dev_auc: float
+    queries: pd.DataFrame
+    tune_split: str
+    nugget_links: pd.DataFrame
+    weights: Sequence[float]
+    alpha: float
+
+
+def select_method(pool: pd.DataFrame, selector: KSelector, k: int, coverage: pd.DataFrame | None = None,
+                  columns: CoverageColumns = GOLD, trust: EstimateTrust | None = None) -> tuple[pd.DataFrame, dict]:
+    """One method's SELECTIONS run over `pool` and its decision for metadata: with `trust` (the coverage is
+    an estimate) through the estimator gate and the tuned blend (`select_trusting_estimate`), else
+    `select_per_query` with an empty decision. The selection assets and the pool comparison both select
+    through it."""
+    if trust is None:
+        return select_per_query(pool, selector, k, coverage, columns), {}
+    return select_trusting_estimate(pool, selector, k, coverage, columns, dev_auc=trust.dev_auc,
+                                    min_dev_auc=trust.min_dev_auc, queries=trust.queries,
+                                    tune_split=trust.tune_split, nugget_links=trust.nugget_links,
+                                    weights=trust.weights, alpha=trust.alpha)
+
+
 class Trust(NamedTuple):
     """Whether a selection may follow the coverage estimator, and why (for metadata and messages)."""
     trusted: bool

@@ -22,7 +22,8 @@ from covlab.assets.partitions import DATASETS
 from covlab.orchestration.lineage import CODE_VERSION_TAG, DATA_VERSION_TAG, INPUT_VERSION, latest_materialization
 from covlab.resources.tracking import TrackingResource
 
-REPORTS = [AssetKey("comparison_report"), AssetKey("coverage_report"), AssetKey("retrieval_report")]
+REPORTS = [AssetKey("comparison_report"), AssetKey("coverage_report"), AssetKey("pool_comparison"),
+           AssetKey("retrieval_report")]
 # champion promotion reads coverage_report: a new candidate is promoted (or not) once it has been evaluated
 PROMOTIONS = AssetKey("model_promotions")
 TRAINED_SELECTORS = ("coverage_estimator", "coverage_biencoder", "lmvu_ranker", "mcompass_student")
@@ -129,6 +130,7 @@ def mlflow_candidate_sensor(context: SensorEvaluationContext, tracking: Tracking
                                        asset_selection=evaluation_selection(
                                            context.instance, _asset_graph(context), partition,
                                            always=(*REPORTS, PROMOTIONS)),
-                                       tags={"covlab/trigger": "mlflow-candidate", "covlab/candidates": ", ".join(changed)}))
+                                       tags={"covlab/trigger": "mlflow-candidate",
+                                             "covlab/candidates": ", ".join(changed)}))
     context.update_cursor(json.dumps(now, sort_keys=True))
     return requests or SkipReason("no new candidate model versions")

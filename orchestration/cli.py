@@ -27,10 +27,11 @@ import yaml
 
 
 # `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
-# candidate pool instead of the BM25 top-100, one estimator epoch at a higher learning rate, 8 evidence chunks
-# per query for MCompassRAG's teacher to rate.
+# candidate pool instead of the BM25 top-100 (and MCompass pools of the same size), one estimator epoch at a
+# higher learning rate, 8 evidence chunks per query for MCompassRAG's teacher to rate.
 DEMO_CONFIG = {"ops": {
     "bm25_pools": {"config": {"mode": "given"}},
+    "mcompass_pools": {"config": {"n": 0}},
     "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
     "coverage_biencoder": {"config": {"max_length": 128}},
     "mcompass_teacher": {"config": {"positives": 8}},
@@ -138,6 +139,9 @@ def summarize(result, seconds: float) -> str:
         if mat.asset_key.to_user_string() == "retrieval_report":
             lines += [f"retrieval_report [{mat.partition}] (whole-corpus retrieval, evidence within the token "
                       "budget):", mat.metadata["summary"].value]
+        if mat.asset_key.to_user_string() == "pool_comparison":
+            lines += [f"pool_comparison [{mat.partition}] (the same selections from the BM25 and the MCompass "
+                      "pools):", mat.metadata["summary"].value]
     home = covlab_home()
     lines += [f"stored under {home}: tables in storage/, indexes, weights and report CSVs in artifacts/, the "
               "Dagster instance in dagster/, MLflow in mlflow/, report figures in results/results.db",

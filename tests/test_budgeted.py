@@ -7,6 +7,7 @@ exactly what the per-pool path gives."""
 import numpy as np
 import pytest
 
+from covlab.models import budgeted
 from covlab.models.budgeted import (MMR, SELECTORS, AdaGReS, Budget, CoverageGreedy, FacilityLocation, Pool,
                                     RelevanceOrder, Selector, _budgeted_greedy, _fill, _greedy_batch, adaptive_beta,
                                     select_batch)
@@ -295,3 +296,32 @@ def test_fill_is_the_walk_that_adds_every_item_that_still_fits():
                 expected.append(int(item))
                 spent += costs[item]
         assert _fill(walk, costs, budget, used, [7]).tolist() == expected
+
+
+def test_facility_location_batched_equals_per_pool_on_mixed_pools(monkeypatch):
+    """Facility location through select_batch (the lockstep over several pools' own similarity matrices)
+    against each pool alone (the plain greedy loop): a few hundred pools of 0-60 items in 4 or 384
+    dimensions, a quarter of each pool's rows duplicated (exact similarity ties), tied relevance, k and token
+    budgets (some pools stopping long before others), whole batches in one lockstep group and split into
+    groups of a few pools."""
+    rng = np.random.default_rng(13)
+    checked = 0
+    for round_ in range(60):
+        dim = 384 if round_ % 2 else 4
+        pools = []
+        for _ in range(int(rng.integers(2, 10))):
+            n_items = int(rng.integers(0, 61))
+            embeddings = unit_rows(rng.normal(size=(max(n_items, 1), dim)) + 0.2)[:n_items]
+            if n_items > 3:
+                copies = rng.choice(n_items, size=n_items // 4, replace=False)
+                embeddings[rng.permutation(n_items)[:len(copies)]] = embeddings[copies]
+            relevance = np.round(rng.random(n_items), 1) if rng.integers(2) else None
+            pools.append(Pool(embeddings=embeddings, query=rng.normal(size=dim) + 0.2,
+                              tokens=rng.integers(1, 40, n_items), relevance=relevance))
+        budget = (Budget(k=int(rng.integers(0, 30))) if rng.integers(2)
+                  else Budget(tokens=int(rng.integers(0, 700))))
+        monkeypatch.setattr(budgeted, "LOCKSTEP_BYTES", 1 << 20 if round_ % 4 < 2 else 3 * 2 * 60 * 60 * 8)
+        expected = [FacilityLocation()(pool, budget).tolist() for pool in pools]
+        assert [chosen.tolist() for chosen in select_batch(FacilityLocation(), pools, budget)] == expected
+        checked += len(pools)
+    assert checked >= 200

@@ -8,10 +8,12 @@ import pytest
 
 from covlab.models.comparison import (BUDGETED_METHODS, METHOD, LONG_ITEM_BUDGETS, SHORT_ITEM_BUDGETS, compare,
                                       cross_validated_lmvu, default_token_budgets, embed_items, evaluated_query_ids,
-                                      fit_lmvu, pool_token_counts, query_pools, resolve_budgets, run_method,
-                                      topic_folds)
+                                      fit_lmvu, method_rvc1, pool_token_counts, query_pools, resolve_budgets,
+                                      run_method, topic_folds)
+from covlab.models.report import report_figures
 from covlab.models.schemas import QUERIES
 from covlab.models.selection import Trust
+from covlab.models.viewpoints import rvc1
 
 DIM = 16
 BUDGETS = (40, 80, 160)
@@ -137,6 +139,42 @@ def test_summary_and_paired_tables(all_selections, comparison):
     row = result.paired.loc[("lmvu", "mmr", 80, "rvc1")]
     assert row["n"] == len(pools) and row["ci_low"] <= row["mean_difference"] <= row["ci_high"]
     assert row["wins"] + row["ties"] + row["losses"] == len(pools)
+
+
+def test_stored_report_rows_are_the_figures_and_their_means_per_method_budget_split_metric(comparison):
+    figures = comparison.figures
+    stored = report_figures(figures, "generated", None)
+    pd.testing.assert_frame_equal(stored.iloc[:len(figures)][list(figures.columns)], figures, check_dtype=False)
+    aggregates = stored.iloc[len(figures):]
+    assert aggregates["query_id"].isna().all() and stored["k"].isna().all()
+    expected = figures.groupby(["method", "budget", "split", "metric"], as_index=False)["value"].mean()
+    pd.testing.assert_frame_equal(aggregates[list(expected.columns)].reset_index(drop=True), expected)
+    mmr = (aggregates["method"] == "mmr") & (aggregates["budget"] == 80) & (aggregates["metric"] == "rvc1")
+    by_split = aggregates[mmr].set_index("split")["value"]
+    assert set(by_split.index) == {"train", "dev", "test"}
+    for split, value in by_split.items():
+        rows = figures[(figures["method"] == "mmr") & (figures["budget"] == 80) & (figures["metric"] == "rvc1")
+                       & (figures["split"] == split)]
+        assert len(rows) == 2 * (3 if split == "train" else 1) and value == pytest.approx(rows["value"].mean())
+
+
+def test_method_rvc1_is_the_mean_rvc1_of_the_selections_per_budget(tables, all_selections):
+    pools, selections = all_selections
+    dev = {q: p for q, p in pools.items() if p.split == "dev"}
+    mean, by_budget = method_rvc1(METHOD["mmr"], dev, BUDGETS, tables["nugget_links"], alpha=0.5, mmr_lambda=0.5,
+                                  tau=0.3)
+    table = selections["mmr"]
+    for budget in BUDGETS:  # by hand: RVC1 of the chosen rows of each dev query's gold matrix
+        values = []
+        for q, p in dev.items():
+            chosen = table[(table["query_id"] == q) & (table["budget"] == budget)]["doc_id"]
+            index = {d: i for i, d in enumerate(p.doc_ids)}
+            values.append(rvc1(p.gold, np.array([index[d] for d in chosen], dtype=np.int64)))
+        assert by_budget[budget] == pytest.approx(np.mean(values))
+    assert mean == pytest.approx(np.mean([by_budget[b] for b in BUDGETS]))
+    assert 0 < mean < 1
+    with pytest.raises(ValueError, match="one split"):
+        method_rvc1(METHOD["mmr"], pools, BUDGETS, tables["nugget_links"], alpha=0.5, mmr_lambda=0.5, tau=0.3)
 
 
 def test_estimated_methods_keep_relevance_order_below_the_estimator_gate(tables):

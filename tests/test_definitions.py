@@ -65,24 +65,29 @@ EXPECTED_ASSETS = {
     "mcompass_teacher": ("mcompass", {"pytorch", "parquet"}, GPU, False),
     "mcompass_student": ("mcompass", {"pytorch", "mlflow"}, GPU, False),
     "mcompass_retrieval": ("mcompass", {"pytorch", "lucene", "parquet"}, GPU, True),
+    "mcompass_pools": ("mcompass", TABLE, None, True),
+    "mcompass_pool_coverage_matrix": ("mcompass", {"pytorch", "parquet"}, GPU, True),
     "coverage_report": ("reports", TABLE, None, False),
     "model_promotions": ("reports", {"mlflow", "parquet"}, None, True),
     "comparison_report": ("reports", TABLE, None, True),
     "retrieval_report": ("reports", TABLE, None, False),
+    "pool_comparison": ("reports", TABLE, None, False),
     "answers": ("answers", TABLE, None, False),
     "answer_report": ("answers", TABLE, None, False),
 }
 EXPECTED_CHECKS = {  # (asset, check)
-    *((table, f"{table}_integrity") for table in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates")),
+    *((table, f"{table}_integrity")
+      for table in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates")),
     ("coverage_estimator", "coverage_estimator_dev_auc"),
     ("estimated_gold_coverage_matrix", "estimated_gold_coverage_calibration"),
     ("model_promotions", "coverage_estimator_champion"),
     ("model_promotions", "coverage_biencoder_champion"),
+    ("model_promotions", "lmvu_ranker_champion"),
     ("chunks", "chunks_tile_documents"),
     ("topic_metadata_bank", "topic_metadata_bank_is_valid"),
     ("mcompass_retrieval", "retrieval_runs_are_rankings"),
 }
-REPORTS = {"coverage_report", "comparison_report", "retrieval_report"}
+REPORTS = {"coverage_report", "comparison_report", "retrieval_report", "pool_comparison"}
 EXPECTED_JOBS = {"build_all": set(EXPECTED_ASSETS)}  # named jobs -> their assets
 if importlib.util.find_spec("dagster_celery"):  # orchestration/distributed.py: only with dagster-celery installed
     EXPECTED_JOBS["build_all_celery"] = set(EXPECTED_ASSETS)
@@ -177,9 +182,9 @@ def test_shipped_run_configs_are_valid_for_the_asset_job():
     """The documented ArgKP configs name real assets and fields, with values of the right types."""
     job = defs.resolve_implicit_global_asset_job_def()
     configs = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
-    assert [p.name for p in configs] == ["argkp_bm25.yaml", "argkp_budgeted.yaml", "argkp_given.yaml", "argkp_matcher.yaml",
-                                      "argkp_mcompass.yaml", "longdoc.yaml", "perspectrum_budgeted.yaml",
-                                      "perspectrum_mcompass.yaml"]
+    assert [p.name for p in configs] == ["argkp_bm25.yaml", "argkp_budgeted.yaml", "argkp_given.yaml",
+                                      "argkp_matcher.yaml", "argkp_mcompass.yaml", "longdoc.yaml",
+                                      "perspectrum_budgeted.yaml", "perspectrum_mcompass.yaml"]
     assets = {key.to_python_identifier() for assets_def in ASSETS for key in assets_def.keys}
     for path in configs:
         config = yaml.safe_load(path.read_text())

@@ -42,7 +42,7 @@ DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 PG = "postgresql+psycopg2://postgres@127.0.0.1:5432"
 PIPELINE = sorted(k.to_user_string() for k in AssetSelection.all().resolve(defs.resolve_asset_graph()))
-REPORTS = ("coverage_report", "comparison_report", "retrieval_report")
+REPORTS = ("coverage_report", "comparison_report", "retrieval_report", "pool_comparison")
 
 
 def run_config(model: str) -> dict:

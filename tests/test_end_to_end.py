@@ -41,7 +41,8 @@ def test_make_demo_builds_every_asset_and_prints_the_summary(demo_home):
                 "estimated_coverage_matrix", "selection_coverage_greedy", "selection_oracle_greedy", "coverage_report",
                 "item_embeddings", "token_counts", "lmvu_ranker", "budgeted_lmvu", "budgeted_oracle_rvc1",
                 "comparison_report", "chunks", "chunk_links", "chunk_index", "topic_metadata_bank",
-                "mcompass_teacher", "mcompass_student", "mcompass_retrieval", "retrieval_report"):
+                "mcompass_teacher", "mcompass_student", "mcompass_retrieval", "retrieval_report", "mcompass_pools",
+                "mcompass_pool_coverage_matrix", "pool_comparison", "model_promotions"):
         assert f"  {key} " in out, key
         assert f"{key} [demo] built in " in out, key  # its line as its step finished (orchestration/console.py)
     assert "FAILED" not in out
@@ -54,6 +55,7 @@ def test_make_demo_builds_every_asset_and_prints_the_summary(demo_home):
         assert row in out, row
     assert "comparison_report [demo] (method x token budget):" in out
     assert "retrieval_report [demo] (whole-corpus retrieval" in out and "| mcompass_no_selector " in out
+    assert "pool_comparison [demo] (the same selections from the BM25 and the MCompass pools)" in out
     for method in ("('lmvu', 128)", "('mmr', 256)", "('oracle_rvc2', 32)"):
         assert method in out, method
     assert (home / "storage" / "coverage_report" / "demo.parquet").exists()

@@ -142,6 +142,43 @@ def test_mcompass_bank_student_and_retrieval_report(built):
 
 
 @pytest.mark.slow
+def test_mcompass_pools_feed_the_coverage_family_and_the_pool_comparison(built):
+    """The student's top documents as a candidate pool of bm25_pools' size (demo: one chunk per item, so its
+    run in rank order), its estimated matrix over exactly those pairs, and the comparison of both pools under
+    pool order and coverage greedy: every evaluated query, figures in the results store."""
+    home, result = built["home"], built["result"]
+    pools, runs = _stored(home, "mcompass_pools"), _stored(home, "mcompass_retrieval")
+    queries = _stored(home, "queries")
+    evaluated = set(queries.loc[queries["split"].isin(["dev", "test"]), "query_id"])
+    assert set(pools["query_id"]) == evaluated and pools.groupby("query_id").size().eq(100).all()
+    student = runs[runs["method"] == "mcompass"].sort_values(["query_id", "rank"])
+    assert (pools.sort_values(["query_id", "rank"]).groupby("query_id")["doc_id"].apply(list).to_dict()
+            == student.groupby("query_id")["chunk_id"].apply(list).to_dict())
+    metadata = result.asset_materializations_for_node("mcompass_pools")[0].metadata
+    for name in ("evidence_share_mcompass", "evidence_share_bm25", "mean_overlap_with_bm25"):
+        assert 0 <= metadata[name].value <= 1, name
+    assert metadata["mean_pool_size"].value == 100
+    matrix = _stored(home, "mcompass_pool_coverage_matrix")
+    assert (set(map(tuple, matrix[["query_id", "doc_id"]].drop_duplicates().values))
+            == set(map(tuple, pools[["query_id", "doc_id"]].values)))
+    assert matrix["probability"].between(0, 1).all()
+    report = _stored(home, "pool_comparison")
+    methods = {f"{source}:{selection}" for source in ("bm25", "mcompass")
+               for selection in ("pool_order", "coverage_greedy")}
+    assert set(report["method"]) == methods and set(report["metric"]) == {"alpha_ndcg@10", "strecall@10"}
+    assert set(report["query_id"]) == evaluated and report["value"].between(0, 1).all()
+    wide = report.pivot_table(index=["query_id", "metric"], columns="method", values="value")
+    event = result.asset_materializations_for_node("pool_comparison")[0].metadata
+    for source in ("bm25", "mcompass"):  # the near-chance tiny estimator: coverage greedy keeps the pool order
+        assert event["decisions"].value[source]["fell_back"] is True
+        assert wide[f"{source}:coverage_greedy"].equals(wide[f"{source}:pool_order"]), source
+    assert "| ('coverage_greedy', 'strecall@10', 'mcompass')" in event["paired_vs_bm25_pool"].value
+    stored = default_resources(home)["results"].figures(dataset="demo", method="mcompass:pool_order",
+                                                        metric="strecall@10")
+    assert len(stored[stored["query_id"].notna()]) == len(evaluated)
+
+
+@pytest.mark.slow
 def test_oracle_greedy_strecall_is_never_beaten(built):
     report = _stored(built["home"], "coverage_report")
     strecall = report[report["metric"] == "strecall@10"].pivot_table(index="query_id", columns="method",
@@ -334,7 +371,8 @@ def test_candidate_sensor_requests_an_evaluation_once_per_new_candidate(built):
     requests = sensor(context)
     assert [r.partition_key for r in requests] == ["demo"]
     assert requests[0].asset_selection == [AssetKey("comparison_report"), AssetKey("coverage_report"),
-                                           AssetKey("model_promotions"), AssetKey("retrieval_report")]
+                                           AssetKey("model_promotions"), AssetKey("pool_comparison"),
+                                           AssetKey("retrieval_report")]
     assert "covlab.demo.coverage_estimator v1" in requests[0].tags["covlab/candidates"]
     again = build_sensor_context(instance=built["instance"], definitions=defs, cursor=context.cursor,
                                  resources={"tracking": default_resources(built["home"])["tracking"]})
@@ -376,7 +414,8 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
     figure = default_resources(home)["results"].figures(dataset="demo", method="oracle_greedy",
                                                         metric="alpha_ndcg@10", split="test", aggregate_only=True)
     figure = figure[figure["report_asset"] == "coverage_report"]
-    audits = audit_figures(instance, default_resources(home)["results"].find_value(float(figure["value"].iloc[0]), 1e-9))
+    audits = audit_figures(instance, default_resources(home)["results"].find_value(float(figure["value"].iloc[0]),
+                                                                                   1e-9))
     assert any(a["lineage"].asset_key == "coverage_report" and a["lineage"].gap is None
                and a["lineage"].inputs for a in audits)
 
@@ -411,7 +450,8 @@ def test_llm_products_against_a_local_openai_compatible_server(built, monkeypatc
         monkeypatch.setenv("COVLAB_LLM_MODEL", "fake-model")
         config = {"ops": {"subquestions": {"config": {"mode": "llm", "n": 3}},
                           "coverage_judgments": {"config": {"judge": "llm", "pool_depth": 3}}}}
-        result = materialize("demo", ["subquestions", "coverage_judgments", "answers", "answer_report"], config, instance)
+        result = materialize("demo", ["subquestions", "coverage_judgments", "answers", "answer_report"], config,
+                             instance)
         assert result.success
         asked = len(server.requests)
         queries = _stored(built["home"], "queries")

@@ -1,12 +1,13 @@
-"""The champion promotion rule (models/promotion.py) on each of its branches, and the one average of the
-report figures (models/report.py) that gives the dev scores it compares."""
+"""The champion promotion rule (models/promotion.py) on each of its branches, the LMVU ranker's gate, and
+the one average of the report figures (models/report.py) that gives the dev scores it compares."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from covlab.models.promotion import ALREADY_CHAMPION, GATED, PROMOTE, STAYS_CANDIDATE, promotion_decision
+from covlab.models.promotion import (ALREADY_CHAMPION, GATED, PROMOTE, STAYS_CANDIDATE, promotion_decision,
+                                     ranker_trusted)
 from covlab.models.report import method_means, method_scores, report_figures
 from covlab.models.selection import Trust
 
@@ -49,6 +50,23 @@ def test_a_passed_gate_decides_nothing():
     assert promotion_decision(4, 0.5, 3, 0.6, gate=Trust(True, "ok")) == promotion_decision(4, 0.5, 3, 0.6)
 
 
+@pytest.mark.parametrize("top1, chance, trusted", [(0.5, 0.3, True), (0.3, 0.3, False), (0.2, 0.3, False),
+                                                    (float("nan"), 0.3, False), (0.5, float("nan"), False)])
+def test_the_ranker_gate_asks_for_top1_accuracy_above_chance(top1, chance, trusted):
+    gate = ranker_trusted(top1, chance)
+    assert gate.trusted == trusted
+    decision = promotion_decision(2, 0.9, None, None, gate=gate, score_name="dev_rvc1")
+    assert (decision.action == GATED) == (not trusted)
+    if not trusted:
+        assert decision.reason == f"is not promoted to champion: {gate.reason}"
+
+
+def test_the_ranker_gate_says_why_in_words():
+    assert ranker_trusted(0.3, 0.3).reason == ("dev top-1 accuracy 0.3000 <= chance 0.3000: the ranker picks the "
+                                               "best candidate no more often than a random pick")
+    assert ranker_trusted(0.5, 0.25).reason == "dev top-1 accuracy 0.5000 > chance 0.2500"
+
+
 PER_QUERY = pd.DataFrame({"method": ["a", "a", "a", "b", "b"], "query_id": ["q1", "q2", "q3", "q1", "q3"],
                           "split": ["dev", "dev", "test", "dev", "test"], "metric": ["m"] * 5,
                           "value": [0.2, 0.6, 1.0, 0.5, 0.0]})
@@ -70,3 +88,23 @@ def test_report_figures_are_the_rows_and_their_means():
         ["method", "split"])["value"].to_dict()
     assert (figures["dataset"] == "demo").all() and (figures["k"] == 10).all()
     assert all(b is None or math.isnan(b) for b in figures["budget"])
+
+
+BUDGETED = pd.DataFrame({"method": ["a"] * 5 + ["b"], "budget": [32, 32, 64, 64, 32, 32],
+                         "query_id": ["q1", "q2", "q1", "q2", "q3", "q1"], "split": ["dev"] * 4 + ["test", "dev"],
+                         "metric": ["rvc1"] * 6, "value": [0.0, 0.5, 1.0, 0.5, 0.25, 1.0]})
+
+
+def test_method_means_of_budgeted_figures_are_per_budget():
+    means = method_means(BUDGETED).set_index(["method", "budget", "split"])["value"]
+    assert means.to_dict() == {("a", 32, "dev"): 0.25, ("a", 32, "test"): 0.25, ("a", 64, "dev"): 0.75,
+                               ("b", 32, "dev"): 1.0}
+
+
+def test_report_figures_of_budgeted_figures_keep_their_budgets():
+    figures = report_figures(BUDGETED, "argkp", None)
+    assert len(figures) == len(BUDGETED) + 4
+    assert list(figures["budget"].iloc[:len(BUDGETED)]) == list(BUDGETED["budget"])
+    aggregates = figures[figures["query_id"].isna()].set_index(["method", "budget", "split"])["value"]
+    assert aggregates.to_dict() == method_means(BUDGETED).set_index(["method", "budget", "split"])["value"].to_dict()
+    assert figures["k"].isna().all() and (figures["dataset"] == "argkp").all()

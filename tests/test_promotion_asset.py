@@ -1,5 +1,6 @@
 """model_promotions and its read-only checks, invoked directly (build_asset_context) on a scratch MLflow
-registry: first versions, the estimator gate, a worse and a better second candidate."""
+registry: first versions, the estimator gate, a worse and a better second candidate; the LMVU ranker's gate
+(top-1 accuracy against chance) and its dev RVC1 deciding between its versions."""
 
 import pandas as pd
 import pytest
@@ -36,10 +37,21 @@ def _report(estimator_dev: float, biencoder_dev: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _promote(tracking, report, estimator, biencoder) -> pd.DataFrame:
+def _ranker(tracking, tmp_path, dev_rvc1: float, top1: float = 0.6, chance: float = 0.4) -> dict:
+    """A new LMVU ranker version as lmvu_ranker returns it, its dev RVC1 logged at registration as there."""
+    weights = tmp_path / "weights-lmvu_ranker"
+    weights.mkdir(exist_ok=True)
+    (weights / "lmvu_ranker.json").write_text("{}")
+    ref = tracking.log_model_version("covlab.demo.lmvu_ranker", weights, params={}, metrics={"dev_rvc1": dev_rvc1},
+                                     tags={})
+    return {"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
+            "source": ref.source, "dev_rvc1": dev_rvc1, "dev_top1_accuracy": top1, "dev_top1_chance": chance}
+
+
+def _promote(tracking, report, estimator, biencoder, ranker) -> pd.DataFrame:
     context = build_asset_context(partition_key="demo")
     output = model_promotions(context, evaluation=EVALUATION, tracking=tracking, coverage_report=report,
-                              coverage_estimator=estimator, coverage_biencoder=biencoder)
+                              coverage_estimator=estimator, coverage_biencoder=biencoder, lmvu_ranker=ranker)
     return output.value.set_index("selector")
 
 
@@ -55,29 +67,58 @@ def test_promotions_first_versions_gate_then_worse_and_better_candidates(trackin
     trusted = EVALUATION.min_estimator_dev_auc + 0.1
     estimator = _register(tracking, tmp_path, "coverage_estimator", dev_auc=EVALUATION.min_estimator_dev_auc - 0.1)
     biencoder = _register(tracking, tmp_path, "coverage_biencoder")
-    first = _promote(tracking, _report(0.9, 0.5), estimator, biencoder)
+    ranker = _ranker(tracking, tmp_path, 0.5)
+    first = _promote(tracking, _report(0.9, 0.5), estimator, biencoder, ranker)
     assert first.loc["coverage_estimator", "action"] == "gated" and not first.loc["coverage_estimator", "champion"]
     assert first.loc["coverage_biencoder", "action"] == "promote"
     assert first.loc["coverage_biencoder", "dev_score"] == pytest.approx(0.5)
     assert first.loc["coverage_biencoder", "champion_version"] == 0
     assert tracking.version_for_alias("covlab.demo.coverage_estimator", "champion") is None
     assert tracking.version_for_alias("covlab.demo.coverage_biencoder", "champion").version == 1
-    assert _checks(tracking, first) == {"coverage_estimator_champion": False, "coverage_biencoder_champion": True}
+    assert _checks(tracking, first) == {"coverage_estimator_champion": False, "coverage_biencoder_champion": True,
+                                      "lmvu_ranker_champion": True}
 
-    again = _promote(tracking, _report(0.9, 0.4), {**estimator, "dev_auc": trusted}, biencoder)
+    again = _promote(tracking, _report(0.9, 0.4), {**estimator, "dev_auc": trusted}, biencoder, ranker)
     assert again.loc["coverage_estimator", "action"] == "promote"
     assert again.loc["coverage_biencoder", "action"] == "already champion"  # its own score is no bar
 
     worse = _register(tracking, tmp_path, "coverage_biencoder")
-    second = _promote(tracking, _report(0.9, 0.3), {**estimator, "dev_auc": trusted}, worse)
+    second = _promote(tracking, _report(0.9, 0.3), {**estimator, "dev_auc": trusted}, worse, ranker)
     assert second.loc["coverage_biencoder", "action"] == "stays candidate"
     assert second.loc["coverage_biencoder", "champion_version"] == 1
     assert second.loc["coverage_biencoder", "champion_score"] == pytest.approx(0.4)  # logged by the last decision
     assert tracking.version_for_alias("covlab.demo.coverage_biencoder", "champion").version == 1
-    assert _checks(tracking, second) == {"coverage_estimator_champion": True, "coverage_biencoder_champion": False}
+    assert _checks(tracking, second) == {"coverage_estimator_champion": True, "coverage_biencoder_champion": False,
+                                       "lmvu_ranker_champion": True}
 
     better = _register(tracking, tmp_path, "coverage_biencoder")
-    third = _promote(tracking, _report(0.9, 0.45), {**estimator, "dev_auc": trusted}, better)
+    third = _promote(tracking, _report(0.9, 0.45), {**estimator, "dev_auc": trusted}, better, ranker)
     assert third.loc["coverage_biencoder", "action"] == "promote" and third.loc["coverage_biencoder", "version"] == 3
     assert tracking.version_for_alias("covlab.demo.coverage_biencoder", "champion").version == 3
     assert "previous champion: v1 0.4000" in third.loc["coverage_biencoder", "decision"]
+
+
+def test_the_lmvu_ranker_is_gated_by_chance_then_promoted_on_its_dev_rvc1(tracking, tmp_path):
+    estimator = _register(tracking, tmp_path, "coverage_estimator", dev_auc=EVALUATION.min_estimator_dev_auc + 0.1)
+    biencoder = _register(tracking, tmp_path, "coverage_biencoder")
+    report = _report(0.9, 0.5)
+    at_chance = _ranker(tracking, tmp_path, 0.8, top1=0.35, chance=0.35)  # no better than a random pick
+    gated = _promote(tracking, report, estimator, biencoder, at_chance).loc["lmvu_ranker"]
+    assert gated["action"] == "gated" and not gated["champion"] and gated["method"] == "lmvu"
+    assert "dev top-1 accuracy 0.3500 <= chance 0.3500" in gated["decision"]
+    assert gated["dev_score"] == pytest.approx(0.8)  # the value's dev RVC1, not a coverage report mean
+    assert tracking.version_for_alias("covlab.demo.lmvu_ranker", "champion") is None
+
+    first = _promote(tracking, report, estimator, biencoder, _ranker(tracking, tmp_path, 0.6)).loc["lmvu_ranker"]
+    assert first["action"] == "promote" and first["version"] == 2 and first["dev_score"] == pytest.approx(0.6)
+    assert "dev_rvc1 0.6000" in first["decision"]
+
+    worse = _promote(tracking, report, estimator, biencoder, _ranker(tracking, tmp_path, 0.55)).loc["lmvu_ranker"]
+    assert worse["action"] == "stays candidate" and worse["champion_version"] == 2
+    assert worse["champion_score"] == pytest.approx(0.6)
+    assert tracking.version_for_alias("covlab.demo.lmvu_ranker", "champion").version == 2
+
+    better = _promote(tracking, report, estimator, biencoder, _ranker(tracking, tmp_path, 0.65)).loc["lmvu_ranker"]
+    assert better["action"] == "promote" and better["version"] == 4
+    assert "previous champion: v2 0.6000" in better["decision"]
+    assert tracking.version_for_alias("covlab.demo.lmvu_ranker", "champion").version == 4
