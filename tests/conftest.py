@@ -1,12 +1,22 @@
 """Shared fixtures: an isolated COVLAB_HOME per test, the shared datasets (skipped when absent)."""
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# A suite started in the background by a non-interactive shell (`cmd &`, nohup, some CI runners) inherits SIGINT
+# ignored. Every in-process Dagster run on the main thread then leaves SIGTERM with SIGINT's disposition
+# (dagster._utils.interrupts maps one to the other when it restores them), i.e. ignored, and every child process
+# started afterwards ignores SIGTERM too: Dagster's compute-log `tail` then outlives its terminate() and each later
+# step waits out a 30 s cleanup timeout (tests/test_gpu_pool.py's waits failed that way). The suite runs as a
+# foreground process would: SIGINT raises KeyboardInterrupt.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
