@@ -29,11 +29,12 @@ matmul top-k, one-query encoding equals the batched one. Then, as diagnostics at
 --diagnostic-queries queries: a stage breakdown of the student's score_corpus and, paired (back to back,
 alternating), the cost of the work it or dense_top_k repeats for every query.
 
-Target (issue): student p50 <= 20 ms/query on 2 cores. Measured 2026-12-01 (AMD EPYC with avx512_bf16, load
-~4 on 2 CPUs, i.e. two other busy processes; p50 ms, 2 / 1 torch threads): student fp32 232 / 89, bf16 autocast
-49 / 25 (top-10 overlap with fp32 0.89), int8 head 216 / 53 (0.95), query encoding 46 / 8, dense 1.4, BM25 2.3.
-Not met. At 1 thread the Linear 1024 -> 256 over all chunks alone takes ~38 ms (1.9 GMAC), so fp32 cannot reach
-20 ms on 2 cores even with perfect scaling; the 2-thread figures here are dominated by waits for a core.
+Target (issue): student p50 <= 20 ms/query on 2 cores. Measured 2026-12-01 on an idle 2-CPU Intel Xeon (load
+1.4; p50 ms, 2 / 1 torch threads): student fp32 37.5 / 49.9, bf16 autocast 22.7 / 45.1 (top-10 overlap with fp32
+0.89), int8 head 36.0 / 59.6 (0.95), query encoding 5.6 / 9.0, dense 2.3, BM25 2.6. Not met. At 1 thread the
+Linear 1024 -> 256 over all chunks alone takes ~24 ms (1.9 GMAC) and assembling the first layer's N x 1024
+pre-activations ~20 ms, so fp32 cannot reach 20 ms on 2 cores; bf16 comes closest. (An earlier run on a loaded
+AMD EPYC, load ~4: fp32 232 / 89, bf16 49 / 25: the 2-thread figures there were waits for a core.)
 
     .venv/bin/python bench/mcompass_latency.py [--repeats 3] [--warmup 5] [--k 100] [--threads 2] [--variants]
 
