@@ -15,6 +15,10 @@ from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, asset, materi
 
 from covlab.orchestration.concurrency import free_stale_slots, launch_tags, pool_slots, pool_slots_guard
 
+# How long a freed gpu step's run may take to finish: far above its real time (under a second), and above Dagster's
+# own 30 s cleanup timeouts, so a loaded machine is not mistaken for a step that never got the slot.
+RUN_FINISHES_WITHIN = 90
+
 # A `covlab materialize` in miniature: one asset in the gpu pool, launched the way the CLI launches runs,
 # that says when its step holds the slot and then trains "forever".
 HOLDER = """
@@ -112,7 +116,7 @@ def test_a_killed_runs_slot_blocks_the_next_gpu_step_until_freed(gpu_instance, h
 
     assert free_stale_slots(gpu_instance) == [dead_run]
     assert gpu_instance.get_run_by_id(dead_run).status == DagsterRunStatus.FAILURE
-    thread.join(timeout=30)
+    thread.join(timeout=RUN_FINISHES_WITHIN)
     assert not thread.is_alive() and out["result"].success
     assert free_stale_slots(gpu_instance) == []
 
@@ -128,7 +132,7 @@ def test_covlab_materialize_frees_a_killed_runs_slot_before_it_starts(gpu_instan
     assert _holding(gpu_instance) == []
     assert gpu_instance.get_run_by_id(dead_run).status == DagsterRunStatus.FAILURE
     thread, out = _materialize_in_thread(gpu_instance)
-    thread.join(timeout=30)
+    thread.join(timeout=RUN_FINISHES_WITHIN)
     assert not thread.is_alive() and out["result"].success
 
 
@@ -149,7 +153,7 @@ def test_a_waiting_gpu_step_names_the_holder_and_runs_once_the_holder_dies(gpu_i
     assert thread.is_alive()
 
     _kill(process)
-    thread.join(timeout=30)
+    thread.join(timeout=RUN_FINISHES_WITHIN)
     assert not thread.is_alive() and out["result"].success
     assert any(f"freed the pool slots of run {holder_run}" in r.getMessage() for r in caplog.records)
     assert gpu_instance.get_run_by_id(holder_run).status == DagsterRunStatus.FAILURE
