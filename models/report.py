@@ -125,11 +125,13 @@ def compare_pools(pools: Mapping[str, pd.DataFrame], matrices: Mapping[str, pd.D
     metrics = [f"alpha_ndcg@{k}", f"strecall@{k}"]
     per_query = evaluate_selections(runs, nugget_links, qrels, queries, k, alpha)
     per_query = per_query[per_query["metric"].isin(metrics)].reset_index(drop=True)
-    named = per_query.assign(source=per_query["method"].str.split(":").str[0],
-                             selection=per_query["method"].str.split(":").str[1])
-    reported = named[named["split"] == report_split]
-    summary = (reported.groupby(["selection", "metric", "source"])["value"].mean()
-               .unstack(["metric", "source"]).sort_index(axis=1))
+    def with_parts(rows: pd.DataFrame) -> pd.DataFrame:  # "<source>:<selection>" split into its two parts
+        parts = rows["method"].str.split(":", n=1, expand=True)
+        return rows.assign(source=parts[0], selection=parts[1])
+
+    means = with_parts(method_means(per_query[per_query["split"] == report_split]))
+    summary = means.pivot(index="selection", columns=["metric", "source"], values="value").sort_index(axis=1)
+    named = with_parts(per_query)
     paired = pd.concat([paired_against(rows.assign(method=rows["source"]), report_split, metric, baseline, seed)
                         .assign(selection=name, metric=metric)
                         for (name, metric), rows in named.groupby(["selection", "metric"], sort=True)])

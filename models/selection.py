@@ -265,25 +265,6 @@ def choose_blend_weight(pool: pd.DataFrame, queries: pd.DataFrame, split: str, c
                        queries=int(tune_pool["query_id"].nunique()))
 
 
-def select_trusting_estimate(pool: pd.DataFrame, selector: CoverageSelector, k: int, coverage: pd.DataFrame,
-                             columns: CoverageColumns, *, dev_auc: float, min_dev_auc: float,
-                             queries: pd.DataFrame, tune_split: str, nugget_links: pd.DataFrame,
-                             weights: Sequence[float], alpha: float) -> tuple[pd.DataFrame, dict]:
-    """A selection on an estimated coverage matrix that is never worse than its fallback, the pool order:
-    below the estimator gate (`estimator_trusted`) the pool order itself; above it `selector` blended with
-    the pool order by the weight chosen on the tune split (`choose_blend_weight`; it replaces the
-    selector's own). Returns the run and the decision for metadata: fell_back, estimator_gate,
-    estimator_dev_auc, and blend_weight with its dev evidence (`blend`) when the estimate is followed."""
-    trust = estimator_trusted(dev_auc, min_dev_auc)
-    decision = {"fell_back": not trust.trusted, "estimator_gate": trust.reason, "estimator_dev_auc": float(dev_auc)}
-    if not trust.trusted:
-        return select_per_query(pool, RelevanceSelection(), k), decision
-    choice = choose_blend_weight(pool, queries, tune_split, coverage, nugget_links, weights, k, alpha, selector,
-                                 columns)
-    decision.update(blend_weight=choice.weight, blend=choice.evidence())
-    return select_per_query(pool, replace(selector, weight=choice.weight), k, coverage, columns), decision
-
-
 @dataclass(frozen=True)
 class EstimateTrust:
     """What a selection on an estimated coverage matrix reads to decide how far to follow it
@@ -299,6 +280,24 @@ class EstimateTrust:
     alpha: float
 
 
+def select_trusting_estimate(pool: pd.DataFrame, selector: CoverageSelector, k: int, coverage: pd.DataFrame,
+                             columns: CoverageColumns, trust: EstimateTrust) -> tuple[pd.DataFrame, dict]:
+    """A selection on an estimated coverage matrix that is never worse than its fallback, the pool order:
+    below the estimator gate (`estimator_trusted`) the pool order itself; above it `selector` blended with
+    the pool order by the weight chosen on the tune split (`choose_blend_weight`; it replaces the
+    selector's own). Returns the run and the decision for metadata: fell_back, estimator_gate,
+    estimator_dev_auc, and blend_weight with its dev evidence (`blend`) when the estimate is followed."""
+    gate = estimator_trusted(trust.dev_auc, trust.min_dev_auc)
+    decision = {"fell_back": not gate.trusted, "estimator_gate": gate.reason,
+                "estimator_dev_auc": float(trust.dev_auc)}
+    if not gate.trusted:
+        return select_per_query(pool, RelevanceSelection(), k), decision
+    choice = choose_blend_weight(pool, trust.queries, trust.tune_split, coverage, trust.nugget_links, trust.weights,
+                                 k, trust.alpha, selector, columns)
+    decision.update(blend_weight=choice.weight, blend=choice.evidence())
+    return select_per_query(pool, replace(selector, weight=choice.weight), k, coverage, columns), decision
+
+
 def select_method(pool: pd.DataFrame, selector: KSelector, k: int, coverage: pd.DataFrame | None = None,
                   columns: CoverageColumns = GOLD, trust: EstimateTrust | None = None) -> tuple[pd.DataFrame, dict]:
     """One method's SELECTIONS run over `pool` and its decision for metadata: with `trust` (the coverage is
@@ -307,10 +306,7 @@ def select_method(pool: pd.DataFrame, selector: KSelector, k: int, coverage: pd.
     through it."""
     if trust is None:
         return select_per_query(pool, selector, k, coverage, columns), {}
-    return select_trusting_estimate(pool, selector, k, coverage, columns, dev_auc=trust.dev_auc,
-                                    min_dev_auc=trust.min_dev_auc, queries=trust.queries,
-                                    tune_split=trust.tune_split, nugget_links=trust.nugget_links,
-                                    weights=trust.weights, alpha=trust.alpha)
+    return select_trusting_estimate(pool, selector, k, coverage, columns, trust)
 
 
 class Trust(NamedTuple):

@@ -77,9 +77,7 @@ def test_select_method_is_select_per_query_without_trust_and_the_gate_with_it():
         trust = EstimateTrust(dev_auc=dev_auc, min_dev_auc=0.65, queries=queries, tune_split="dev",
                               nugget_links=links, weights=[0.0, 1.0], alpha=0.5)
         run_, decision = select_method(pool, selector, 2, matrix, ESTIMATED, trust)
-        expected, expected_decision = select_trusting_estimate(
-            pool, selector, 2, matrix, ESTIMATED, dev_auc=dev_auc, min_dev_auc=0.65, queries=queries,
-            tune_split="dev", nugget_links=links, weights=[0.0, 1.0], alpha=0.5)
+        expected, expected_decision = select_trusting_estimate(pool, selector, 2, matrix, ESTIMATED, trust)
         assert run_.equals(expected) and decision == expected_decision
         assert decision["fell_back"] is (dev_auc < 0.65)
 
