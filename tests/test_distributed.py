@@ -152,6 +152,19 @@ class Deployment:
                 return
         raise AssertionError(f"workers {sorted(names)} did not answer within {timeout} s; see {self.logs}")
 
+    def wait_until_workers_idle(self, timeout: float = 300) -> None:
+        """Until no live worker holds a task, running or received ahead (Celery's inspect; the killed worker does
+        not answer and holds nothing)."""
+        inspect = self.celery_app().control.inspect(timeout=2.0)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            active, reserved = inspect.active(), inspect.reserved()
+            if active is not None and reserved is not None and not any(active.values()) and not any(
+                    reserved.values()):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"a worker still held a task of the interrupted run after {timeout} s; see {self.logs}")
+
     def celery_app(self):
         from dagster_celery.executor import CeleryExecutor
         from dagster_celery.make_app import make_app
@@ -285,14 +298,17 @@ def test_celery_workers_split_the_pipeline_and_a_killed_worker_costs_only_its_st
             time.sleep(0.2)
         assert run_id, "the run was not created"
         killed_step = _kill_default_worker_during_a_cpu_step(deployment, instance, run_id, first)
+        _stop(first, signal.SIGKILL)  # its executor would wait for the lost task forever; now nothing more is sent
+        subprocess.run([str(BIN / "celery"), "-A", "dagster_celery.app", "-b", deployment.env["COVLAB_CELERY_BROKER"],
+                        "purge", "-f", "-Q", "dagster,gpu"], env=deployment.env, check=True,
+                       capture_output=True)  # the dead run's tasks still queued for either worker (README)
+        # a GPU task the gpu worker had already received is beyond the purge and runs to its end: the re-execution
+        # is planned from what the dead run finished, so it starts only once nothing of that run is running
+        deployment.wait_until_workers_idle()
         _wait_until_no_gpu_step_runs(instance, run_id)
-        _stop(first, signal.SIGKILL)  # its executor would wait for the lost task forever
         instance.report_run_failed(instance.get_run_by_id(run_id), f"the default Celery worker was killed "
                                                                      f"while it ran {killed_step}")
         instance.event_log_storage.free_concurrency_slots_for_run(run_id)
-        subprocess.run([str(BIN / "celery"), "-A", "dagster_celery.app", "-b", deployment.env["COVLAB_CELERY_BROKER"],
-                        "purge", "-f", "-Q", "dagster"], env=deployment.env, check=True,
-                       capture_output=True)  # the dead run's tasks still queued for the default worker (README)
         finished_first = _steps(instance, run_id, DagsterEventType.STEP_SUCCESS)
         assert finished_first and killed_step not in finished_first
 
