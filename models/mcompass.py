@@ -45,6 +45,9 @@ SETTINGS_FILE = "student.json"
 KIND = "mcompass-student"
 TEACHER_LOGIT_CLIP = 10.0  # |logit| of a teacher probability: p = 1 would otherwise be infinite
 SKIP_INIT = 10.0  # initial weight of e_q . e_c straight to the logit: an untrained student ranks near dense cosine
+# score_corpus's block of first-layer activations on CPU (2 MiB of float32, 512 chunks of one query): within
+# a core's L2 cache, where the GELU and the 1024 -> 256 product read it back (bench/mcompass_latency.py)
+SCORE_BLOCK_FLOATS = 512 * 1024
 
 
 @dataclass(frozen=True)
@@ -160,18 +163,33 @@ class MCompassStudent(nn.Module):
         return (self.head(hidden) + self.similarity_skip(similarities)).squeeze(-1)
 
     @torch.no_grad()
-    def score_corpus(self, query_vectors: torch.Tensor, bank: BankTensors,
-                     chunk_hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def score_corpus(self, query_vectors: torch.Tensor, bank: BankTensors, chunk_hidden: torch.Tensor | None = None,
+                     block_floats: int | None = None) -> torch.Tensor:
         """Logits of every bank chunk for each query (B x N); `chunk_hidden` (the chunk part of the first
-        layer, `self.chunk_layer(self.chunk_representation(bank))`) can be reused across calls."""
+        layer, `self.chunk_layer(self.chunk_representation(bank))`) can be reused across calls.
+
+        The head runs over blocks of chunks, each block's first-layer activations at most `block_floats` floats
+        (B x rows x 1024; default SCORE_BLOCK_FLOATS on CPU, 64 times that on an accelerator): the peak memory
+        is a block's, whatever the corpus size, and on CPU a block's activations stay in cache between the
+        first layer, the GELU and the 1024 -> 256 product instead of streaming N x 1024 floats through memory
+        three times. A chunk's logit goes through the same operations in the same order as over the whole corpus
+        at once; only BLAS's rounding of a block's smaller products can differ in the last bits (bit for bit
+        equal at ArgKP's size; tests/test_mcompass.py: within 1e-6 and the same ranking for any block size)."""
         r_c = self.chunk_representation(bank)
         chunk_hidden = self.chunk_layer(r_c) if chunk_hidden is None else chunk_hidden
         r_q = self.query_representation(query_vectors, bank)
+        query_hidden = self.query_layer(r_q).unsqueeze(1)
         similarities = self._similarities(r_q, r_c, every=True)
-        # one B x N x 1024 tensor, the other two parts added in place: this layer is the costliest allocation
-        hidden = self.similarity_layer(similarities)
-        hidden.add_(chunk_hidden.unsqueeze(0)).add_(self.query_layer(r_q).unsqueeze(1))
-        return (self.head(hidden) + self.similarity_skip(similarities)).squeeze(-1)
+        if block_floats is None:
+            block_floats = SCORE_BLOCK_FLOATS * (1 if similarities.device.type == "cpu" else 64)
+        rows = max(1, block_floats // (len(r_q) * chunk_hidden.shape[1]))
+        logits = []
+        for start in range(0, len(r_c), rows):
+            block = similarities[:, start:start + rows]
+            hidden = self.similarity_layer(block)  # then the chunk and query parts added in place
+            hidden.add_(chunk_hidden[start:start + rows].unsqueeze(0)).add_(query_hidden)
+            logits.append((self.head(hidden) + self.similarity_skip(block)).squeeze(-1))
+        return torch.cat(logits, dim=1) if logits else similarities.new_zeros(len(r_q), 0)
 
 
 def distillation_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor, alpha: float,
@@ -405,7 +423,8 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
 def retrieve(model: MCompassStudent, bank: TopicBank, query_vectors: np.ndarray, k: int,
              device: torch.device = torch.device("cpu"), query_batch: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """Top-k bank chunks (indices, logits; Q x k, ties by lower index) of every query over the whole bank.
-    Peak memory is query_batch x N x 1024 floats, whatever the number of queries."""
+    Peak memory is the chunk part of the first layer (N x 1024 floats, once) and one of score_corpus's blocks,
+    whatever the number of queries."""
     from covlab.models.retrieval import top_k
 
     model.eval()

@@ -90,6 +90,24 @@ def test_without_the_topic_part_the_student_is_a_dense_scorer():
     torch.testing.assert_close(model.score_corpus(queries, tensors), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("block_floats", [1, 32, 5 * 32, 3 * 32 * 7, 10 ** 9])
+def test_scores_are_the_same_for_any_block_of_chunks(block_floats):
+    """score_corpus runs the head over blocks of chunks (one chunk per block at 1 float, several, blocks that
+    do not divide the 60 chunks, the whole corpus at once): the logits are the whole corpus' (to BLAS's
+    rounding of a smaller product) and rank the chunks alike."""
+    bank, _ = clustered_bank()
+    torch.manual_seed(0)
+    model = MCompassStudent(12, 4, SMALL).eval()
+    tensors = BankTensors.of(bank, torch.device("cpu"))
+    queries = torch.as_tensor(unit(np.random.default_rng(1).normal(size=(3, 12))))
+    for batch in (queries, queries[1:2]):  # a block is B x rows: one query's blocks are 3 times longer
+        whole = model.score_corpus(batch, tensors, block_floats=10 ** 9)
+        blocked = model.score_corpus(batch, tensors, block_floats=block_floats)
+        assert blocked.shape == whole.shape == (len(batch), 60)
+        torch.testing.assert_close(blocked, whole, rtol=1e-6, atol=1e-6)
+        assert torch.equal(blocked.argsort(dim=1, stable=True), whole.argsort(dim=1, stable=True))
+
+
 def _pairs(bank, topic, queries):
     """Training pairs: each query's evidence is the chunks of its topic."""
     rows = [(q, c, float(topic[i] == t)) for q, t in queries.items() for i, c in enumerate(bank.chunk_ids)
