@@ -26,15 +26,17 @@ applied to all N chunks per query; the others see 1-50 rows or are precomputed) 
 
 Checks before timing: the timed student's top-k equals `retrieve`'s, the timed dense top-k equals a plain
 matmul top-k, one-query encoding equals the batched one. Then, as diagnostics at 1 thread on the first
---diagnostic-queries queries: a stage breakdown of the student's score_corpus and, paired (back to back,
-alternating), the cost of the work it or dense_top_k repeats for every query.
+--diagnostic-queries queries: a stage breakdown of the student's scoring (each stage over the whole corpus at
+once) and, paired (back to back, alternating), score_corpus in its blocks vs in one block of the whole corpus,
+and the work dense_top_k repeats for every query.
 
-Target (issue): student p50 <= 20 ms/query on 2 cores. Measured 2026-12-01 on an idle 2-CPU Intel Xeon (load
-1.4; p50 ms, 2 / 1 torch threads): student fp32 37.5 / 49.9, bf16 autocast 22.7 / 45.1 (top-10 overlap with fp32
-0.89), int8 head 36.0 / 59.6 (0.95), query encoding 5.6 / 9.0, dense 2.3, BM25 2.6. Not met. At 1 thread the
-Linear 1024 -> 256 over all chunks alone takes ~24 ms (1.9 GMAC) and assembling the first layer's N x 1024
-pre-activations ~20 ms, so fp32 cannot reach 20 ms on 2 cores; bf16 comes closest. (An earlier run on a loaded
-AMD EPYC, load ~4: fp32 232 / 89, bf16 49 / 25: the 2-thread figures there were waits for a core.)
+Target (issue): student p50 <= 20 ms/query on 2 cores. Not met. Measured 2026-12-01 on an idle 2-CPU AMD EPYC
+(load 1.2, two runs; p50 ms, 2 / 1 torch threads): student fp32 36.5-39.2 / 59.9-60.2, bf16 autocast 25.7-25.8 /
+40.3-41.3 (top-10 overlap with fp32 0.89), int8 head 34.9-35.0 / 34.4-34.9 (0.95), query encoding 9.2-9.6 /
+12.0, dense 2.3-2.4, BM25 2.5-2.6. At 1 thread the Linear 1024 -> 256 over all chunks alone takes 41-43 ms
+(1.9 GMAC), so fp32 cannot reach 20 ms on 2 cores; bf16 comes closest. score_corpus in 2 MiB blocks vs the whole
+corpus at once: 59.3 vs 65.0 ms (1 thread, paired; identical top-k). (On an idle 2-CPU Intel Xeon, before the
+blocks: fp32 37.5 / 49.9, bf16 22.7 / 45.1.)
 
     .venv/bin/python bench/mcompass_latency.py [--repeats 3] [--warmup 5] [--k 100] [--threads 2] [--variants]
 
@@ -356,17 +358,6 @@ def main() -> None:
                     stages[name].append((b - a) * 1e3)
         breakdown = {name: float(np.median(ms[args.warmup:])) for name, ms in stages.items()}
         with torch.no_grad():
-            r_c_fixed = model.chunk_representation(tensors)
-
-            def hoisted(q: np.ndarray):
-                """score_corpus with r_c held once per model (as chunk_hidden is) instead of per call."""
-                r_q = model.query_representation(torch.from_numpy(q), tensors)
-                sims = model._similarities(r_q, r_c_fixed, every=True)
-                hidden = (model.query_layer(r_q).unsqueeze(1) + chunk_hidden.unsqueeze(0)
-                          + model.similarity_layer(sims))
-                return top_k((model.head(hidden) + model.similarity_skip(sims)).squeeze(-1).numpy(), args.k)
-
-            assert np.array_equal(np.concatenate([hoisted(q)[0] for q in diagnosed]), student_top[:len(diagnosed)])
             whole_floats = len(chunk_ids) * chunk_hidden.shape[1]
 
             def whole_corpus(q: np.ndarray):
@@ -377,7 +368,6 @@ def main() -> None:
             assert np.array_equal(np.concatenate([whole_corpus(q)[0] for q in diagnosed]),
                                   student_top[:len(diagnosed)])
             blocked_ms, whole_ms = paired(student, whole_corpus, diagnosed, args.warmup)
-            as_is_ms, hoisted_ms = paired(student, hoisted, diagnosed, args.warmup)
             selector_bias_ms = float(np.median(latency(lambda _: model.select_linear(tensors.mixed), diagnosed,
                                                        args.warmup, 1)))
         checked_dense_ms, bare_dense_ms = paired(dense, lambda q: top_k(q @ embeddings.T, args.k), rows_q,
@@ -413,9 +403,8 @@ def main() -> None:
     print("work repeated per call:")
     print(f"- retrieve() on one query: {np.median(retrieve_ms):.1f} ms p50 at {args.threads} threads (BankTensors and "
           f"chunk_hidden rebuilt each call) vs {student_p50:.1f} ms served")
-    print(f"- score_corpus rebuilds r_c = [e_c ; g_c] each call: paired, 1 thread, {np.median(as_is_ms):.2f} ms as "
-          f"is vs {np.median(hoisted_ms):.2f} ms with r_c held once; the selector's v . m_i + b over the bank "
-          f"{selector_bias_ms:.2f} ms")
+    print(f"- score_corpus rebuilds r_c = [e_c ; g_c] each call (the stage above); the selector's v . m_i + b over "
+          f"the bank {selector_bias_ms:.2f} ms")
     print(f"- score_corpus in blocks of {SCORE_BLOCK_FLOATS} first-layer floats vs the whole corpus at once "
           f"(same logits): paired, 1 thread, {np.median(blocked_ms):.2f} ms vs {np.median(whole_ms):.2f} ms")
     print(f"- dense_top_k checks the chunk matrix's unit norms each call ({norm_check_ms:.2f} ms): paired, "
@@ -434,7 +423,6 @@ def main() -> None:
         "repeated_work": {
             "retrieve_one_query_p50_ms": float(np.median(retrieve_ms)), "retrieve_calls": len(retrieve_ms),
             "score_corpus_r_c_cat_ms": breakdown["r_c = [e_c ; g_c] (torch.cat)"],
-            "student_as_is_vs_r_c_held_paired_p50_ms": [float(np.median(as_is_ms)), float(np.median(hoisted_ms))],
             "selector_bias_over_bank_ms": selector_bias_ms,
             "score_corpus_blocked_vs_whole_corpus_paired_p50_ms": [float(np.median(blocked_ms)),
                                                                    float(np.median(whole_ms))],
