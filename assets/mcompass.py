@@ -219,6 +219,9 @@ class StudentConfig(Config):
                                                                                    "distributions become theta_q")
     top_l: int = Field(50, description="L, bank entries the selector keeps")
     top_m: int = Field(10, description="M, topics kept in g_q")
+    hidden: list[int] = Field([1024, 256], description="widths of the scorer's two hidden layers (the paper's "
+                                                       "1024, 256); the second layer's product over every chunk "
+                                                       "is most of a query's latency (README)")
     epochs: int = Field(8, description="training epochs over the pairs")
     batch_size: int = Field(256, description="pairs per step")
     learning_rate: float = Field(5e-4, description="AdamW learning rate")
@@ -228,8 +231,10 @@ class StudentConfig(Config):
     seed: int = Field(0, description="seed of initialisation and shuffling")
 
     def student(self) -> StudentSettings:
+        if len(self.hidden) != 2 or min(self.hidden) < 1:
+            raise ValueError(f"mcompass_student config hidden: expected two positive layer widths, got {self.hidden}")
         return StudentSettings(selector=self.selector, abstraction=self.abstraction, top_l=self.top_l,
-                               top_m=self.top_m)
+                               top_m=self.top_m, hidden=(self.hidden[0], self.hidden[1]))
 
     def training(self) -> TrainingSettings:
         return TrainingSettings(epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate,

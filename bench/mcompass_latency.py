@@ -165,6 +165,8 @@ def main() -> None:
                                                                 "student meets the target")
     parser.add_argument("--diagnostic-queries", type=int, default=20, help="queries of the stage breakdown")
     parser.add_argument("--max-chunks", type=int, default=0, help="smoke test: the first N arguments only")
+    parser.add_argument("--hidden", type=int, nargs=2, default=[1024, 256], metavar=("FIRST", "SECOND"),
+                        help="the scorer's hidden widths (mcompass_student's `hidden`)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
     from threadpoolctl import threadpool_limits
@@ -223,7 +225,7 @@ def main() -> None:
         setup["pairs_s"] = time.perf_counter() - started
         vector_of = dict(zip(query_ids, query_vectors))
         started = time.perf_counter()
-        trained = train_student(bank, vector_of, pairs, StudentSettings(top_m=10),
+        trained = train_student(bank, vector_of, pairs, StudentSettings(top_m=10, hidden=tuple(args.hidden)),
                                 TrainingSettings(epochs=2, seed=0), CPU)
         setup["training_s"] = time.perf_counter() - started
         model = trained.model.eval()
@@ -330,9 +332,10 @@ def main() -> None:
         # and what is repeated per query.
         diagnosed = rows_q[:args.diagnostic_queries]
         torch.set_num_threads(1)
+        first, second = args.hidden
         stages = {"query representation (selector, abstraction, g_q)": [], "r_c = [e_c ; g_c] (torch.cat)": [],
-                  "similarities (N x 2)": [], "first layer assembled (N x 1024)": [], "GELU (N x 1024)": [],
-                  "Linear 1024->256": [], "GELU, Linear 256->1, skip": [], "top_k": []}
+                  "similarities (N x 2)": [], f"first layer assembled (N x {first})": [], f"GELU (N x {first})": [],
+                  f"Linear {first}->{second}": [], f"GELU, Linear {second}->1, skip": [], "top_k": []}
         names = list(stages)
         with torch.no_grad():
             for q in rows_q[:args.warmup] + diagnosed:
@@ -412,7 +415,8 @@ def main() -> None:
 
     figures = {
         "queries": len(query_ids), "repeats": args.repeats, "warmup": args.warmup, "k": args.k, "corpus_chunks": n,
-        "topics_k": k_topics, "top_m": 10, "threads": args.threads, "blas_threads": args.blas_threads,
+        "topics_k": k_topics, "top_m": 10, "hidden": args.hidden, "threads": args.threads,
+        "blas_threads": args.blas_threads,
         "torch": torch.__version__, "numpy": np.__version__, "cpu_model": cpu_name[0], "cpu_flags": cpu_name[1],
         "cpus": os.cpu_count(),
         "machine": platform.platform(), "load_average_start": load_start, "load_average_end": os.getloadavg(),
