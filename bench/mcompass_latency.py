@@ -333,8 +333,8 @@ def main() -> None:
         diagnosed = rows_q[:args.diagnostic_queries]
         torch.set_num_threads(1)
         first, second = args.hidden
-        stages = {"query representation (selector, abstraction, g_q)": [], "r_c = [e_c ; g_c] (torch.cat)": [],
-                  "similarities (N x 2)": [], f"first layer assembled (N x {first})": [], f"GELU (N x {first})": [],
+        stages = {"query representation (selector, abstraction, g_q)": [], "similarities (N x 2)": [],
+                  f"first layer assembled (N x {first})": [], f"GELU (N x {first})": [],
                   f"Linear {first}->{second}": [], f"GELU, Linear {second}->1, skip": [], "top_k": []}
         names = list(stages)
         with torch.no_grad():
@@ -342,9 +342,7 @@ def main() -> None:
                 marks = [time.perf_counter()]
                 r_q = model.query_representation(torch.from_numpy(q), tensors)
                 marks.append(time.perf_counter())
-                r_c = model.chunk_representation(tensors)
-                marks.append(time.perf_counter())
-                similarities = model._similarities(r_q, r_c, every=True)
+                similarities = model._similarities(r_q, tensors.embeddings, tensors.topics, every=True)
                 marks.append(time.perf_counter())
                 hidden = (model.query_layer(r_q).unsqueeze(1) + chunk_hidden.unsqueeze(0)
                           + model.similarity_layer(similarities))
@@ -406,8 +404,7 @@ def main() -> None:
     print("work repeated per call:")
     print(f"- retrieve() on one query: {np.median(retrieve_ms):.1f} ms p50 at {args.threads} threads (BankTensors and "
           f"chunk_hidden rebuilt each call) vs {student_p50:.1f} ms served")
-    print(f"- score_corpus rebuilds r_c = [e_c ; g_c] each call (the stage above); the selector's v . m_i + b over "
-          f"the bank {selector_bias_ms:.2f} ms")
+    print(f"- the selector's v . m_i + b over the bank: {selector_bias_ms:.2f} ms")
     print(f"- score_corpus in blocks of {SCORE_BLOCK_FLOATS} first-layer floats vs the whole corpus at once "
           f"(same logits): paired, 1 thread, {np.median(blocked_ms):.2f} ms vs {np.median(whole_ms):.2f} ms")
     print(f"- dense_top_k checks the chunk matrix's unit norms each call ({norm_check_ms:.2f} ms): paired, "
@@ -426,7 +423,6 @@ def main() -> None:
         "student_stage_median_ms_1_thread": breakdown, "diagnostic_queries": len(diagnosed),
         "repeated_work": {
             "retrieve_one_query_p50_ms": float(np.median(retrieve_ms)), "retrieve_calls": len(retrieve_ms),
-            "score_corpus_r_c_cat_ms": breakdown["r_c = [e_c ; g_c] (torch.cat)"],
             "selector_bias_over_bank_ms": selector_bias_ms,
             "score_corpus_blocked_vs_whole_corpus_paired_p50_ms": [float(np.median(blocked_ms)),
                                                                    float(np.median(whole_ms))],

@@ -145,20 +145,22 @@ class MCompassStudent(nn.Module):
         e, g = (bank.embeddings, bank.topics) if chunks is None else (bank.embeddings[chunks], bank.topics[chunks])
         return torch.cat([e, g], dim=-1)
 
-    def _similarities(self, r_q: torch.Tensor, r_c: torch.Tensor, every: bool = False) -> torch.Tensor:
-        """(e_q . e_c, g_q . g_c) of aligned pairs (r_q, r_c: P x 2d -> P x 2), or with `every` of every query
-        against every chunk (r_q: B x 2d, r_c: N x 2d -> B x N x 2)."""
+    def _similarities(self, r_q: torch.Tensor, e_c: torch.Tensor, g_c: torch.Tensor,
+                      every: bool = False) -> torch.Tensor:
+        """(e_q . e_c, g_q . g_c) of aligned pairs (r_q: P x 2d, e_c and g_c: P x d -> P x 2), or with `every` of
+        every query against every chunk (r_q: B x 2d, e_c and g_c: N x d -> B x N x 2). The chunk's two halves
+        come apart, so ranking the corpus never concatenates its N x 2d r_c."""
         d = self.dimension
         if every:
-            return torch.stack([r_q[:, :d] @ r_c[:, :d].T, r_q[:, d:] @ r_c[:, d:].T], dim=-1)
-        return torch.stack([(r_q[:, :d] * r_c[:, :d]).sum(-1), (r_q[:, d:] * r_c[:, d:]).sum(-1)], dim=-1)
+            return torch.stack([r_q[:, :d] @ e_c.T, r_q[:, d:] @ g_c.T], dim=-1)
+        return torch.stack([(r_q[:, :d] * e_c).sum(-1), (r_q[:, d:] * g_c).sum(-1)], dim=-1)
 
     def forward(self, query_vectors: torch.Tensor, pair_query: torch.Tensor, pair_chunk: torch.Tensor,
                 bank: BankTensors) -> torch.Tensor:
         """Logits of pairs (query_vectors[pair_query[j]], bank chunk pair_chunk[j])."""
         r_q = self.query_representation(query_vectors, bank)[pair_query]
         r_c = self.chunk_representation(bank, pair_chunk)
-        similarities = self._similarities(r_q, r_c)
+        similarities = self._similarities(r_q, r_c[:, :self.dimension], r_c[:, self.dimension:])
         hidden = self.query_layer(r_q) + self.chunk_layer(r_c) + self.similarity_layer(similarities)
         return (self.head(hidden) + self.similarity_skip(similarities)).squeeze(-1)
 
@@ -175,16 +177,16 @@ class MCompassStudent(nn.Module):
         three times. A chunk's logit goes through the same operations in the same order as over the whole corpus
         at once; only BLAS's rounding of a block's smaller products can differ in the last bits (bit for bit
         equal at ArgKP's size; tests/test_mcompass.py: within 1e-6 and the same ranking for any block size)."""
-        r_c = self.chunk_representation(bank)
-        chunk_hidden = self.chunk_layer(r_c) if chunk_hidden is None else chunk_hidden
+        if chunk_hidden is None:
+            chunk_hidden = self.chunk_layer(self.chunk_representation(bank))
         r_q = self.query_representation(query_vectors, bank)
         query_hidden = self.query_layer(r_q).unsqueeze(1)
-        similarities = self._similarities(r_q, r_c, every=True)
+        similarities = self._similarities(r_q, bank.embeddings, bank.topics, every=True)
         if block_floats is None:
             block_floats = SCORE_BLOCK_FLOATS * (1 if similarities.device.type == "cpu" else 64)
         rows = max(1, block_floats // (len(r_q) * chunk_hidden.shape[1]))
         logits = []
-        for start in range(0, len(r_c), rows):
+        for start in range(0, len(chunk_hidden), rows):
             block = similarities[:, start:start + rows]
             hidden = self.similarity_layer(block)  # then the chunk and query parts added in place
             hidden.add_(chunk_hidden[start:start + rows].unsqueeze(0)).add_(query_hidden)
