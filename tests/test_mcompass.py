@@ -238,3 +238,14 @@ def test_selection_by_heldout_ie_keeps_the_best_scoring_epoch():
                            zip((1, 2, 3, 4), trained.epoch_losses, trained.dev_scores)}
     assert select(trained.model) == pytest.approx(max(trained.dev_scores))  # the kept weights are that epoch's
     assert heldout_ie(bank, vectors, ["no-evidence"], evidence, tokens) is None
+
+
+def test_student_config_sets_the_scorer_widths_and_refuses_other_than_two():
+    from covlab.assets.mcompass import StudentConfig
+
+    assert StudentConfig().student().hidden == StudentSettings().hidden == (1024, 256)
+    model = MCompassStudent(12, 4, StudentConfig(hidden=[8, 4]).student())
+    assert (model.head[2].in_features, model.head[2].out_features) == (8, 4)
+    for bad in ([8], [8, 4, 2], [8, 0]):
+        with pytest.raises(ValueError, match="hidden: expected two positive layer widths"):
+            StudentConfig(hidden=bad).student()
