@@ -45,8 +45,9 @@ SETTINGS_FILE = "student.json"
 KIND = "mcompass-student"
 TEACHER_LOGIT_CLIP = 10.0  # |logit| of a teacher probability: p = 1 would otherwise be infinite
 SKIP_INIT = 10.0  # initial weight of e_q . e_c straight to the logit: an untrained student ranks near dense cosine
-# score_corpus's block of first-layer activations on CPU (2 MiB of float32, 512 chunks of one query): within
-# a core's L2 cache, where the GELU and the 1024 -> 256 product read it back (bench/mcompass_latency.py)
+# score_corpus's block of first-layer activations on CPU (2 MiB of float32: 512 chunks of one query at the
+# paper's width 1,024): within a core's L2 cache, where the GELU and the second layer's product read it back
+# (bench/mcompass_latency.py)
 SCORE_BLOCK_FLOATS = 512 * 1024
 
 
@@ -171,12 +172,13 @@ class MCompassStudent(nn.Module):
         layer, `self.chunk_layer(self.chunk_representation(bank))`) can be reused across calls.
 
         The head runs over blocks of chunks, each block's first-layer activations at most `block_floats` floats
-        (B x rows x 1024; default SCORE_BLOCK_FLOATS on CPU, 64 times that on an accelerator): the peak memory
-        is a block's, whatever the corpus size, and on CPU a block's activations stay in cache between the
-        first layer, the GELU and the 1024 -> 256 product instead of streaming N x 1024 floats through memory
-        three times. A chunk's logit goes through the same operations in the same order as over the whole corpus
-        at once; only BLAS's rounding of a block's smaller products can differ in the last bits (bit for bit
-        equal at ArgKP's size; tests/test_mcompass.py: within 1e-6 and the same ranking for any block size)."""
+        (B x rows x the first hidden width; default SCORE_BLOCK_FLOATS on CPU, 64 times that on an
+        accelerator): the peak memory is a block's, whatever the corpus size, and on CPU a block's activations
+        stay in cache between the first layer, the GELU and the second layer's product instead of streaming
+        B x N x width floats through memory three times. A chunk's logit goes through the same operations in the
+        same order as over the whole corpus at once; only BLAS's rounding of a block's smaller products can differ
+        in the last bits (bit for bit equal at ArgKP's size; tests/test_mcompass.py: within 1e-6 and the same
+        ranking for any block size)."""
         if chunk_hidden is None:
             chunk_hidden = self.chunk_layer(self.chunk_representation(bank))
         r_q = self.query_representation(query_vectors, bank)
@@ -425,7 +427,7 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
 def retrieve(model: MCompassStudent, bank: TopicBank, query_vectors: np.ndarray, k: int,
              device: torch.device = torch.device("cpu"), query_batch: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """Top-k bank chunks (indices, logits; Q x k, ties by lower index) of every query over the whole bank.
-    Peak memory is the chunk part of the first layer (N x 1024 floats, once) and one of score_corpus's blocks,
+    Peak memory is the chunk part of the first layer (N x width floats, once) and one of score_corpus's blocks,
     whatever the number of queries."""
     from covlab.models.retrieval import top_k
 
