@@ -320,7 +320,7 @@ def estimated_coverage_matrix(context: AssetExecutionContext, config: Estimation
     prune_top_m set, only each subquestion's top-m pool documents under the first-stage bi-encoder are
     scored; the other pairs hold probability 0.0 (counted as pairs_pruned in the metadata)."""
     return estimated_matrix_output(context, config, bm25_pools, subquestions, queries, corpus, coverage_estimator,
-                             evaluation, device, tracking, artifacts)
+                                   evaluation, device, tracking, artifacts)
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
@@ -334,4 +334,4 @@ def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: Estim
     """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix (pruned as
     estimated_coverage_matrix is, with pruned pairs at probability 0.0)."""
     return estimated_matrix_output(context, config, bm25_pools, gold_subquestions(nuggets), queries, corpus,
-                             coverage_estimator, evaluation, device, tracking, artifacts)
+                                   coverage_estimator, evaluation, device, tracking, artifacts)

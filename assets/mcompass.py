@@ -413,7 +413,7 @@ def mcompass_pool_coverage_matrix(context: AssetExecutionContext, config: Estima
     """estimated_coverage_matrix over the MCompass pools: the estimator's coverage probability of every
     (pool document, subquestion) of the evaluated splits, pruned as that asset is (same config)."""
     return estimated_matrix_output(context, config, mcompass_pools, subquestions, queries, corpus, coverage_estimator,
-                             evaluation, device, tracking, artifacts)
+                                   evaluation, device, tracking, artifacts)
 
 
 class PoolComparisonConfig(Config):
