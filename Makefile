@@ -5,28 +5,41 @@ VENV ?= .venv
 COVLAB_HOME ?= $(CURDIR)/.covlab
 UI_PORT ?= 3000
 MLFLOW_PORT ?= 5000
-export COVLAB_HOME
+export COVLAB_HOME MLFLOW_PORT
 export DAGSTER_HOME ?= $(COVLAB_HOME)/dagster
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.covlab-installed
 
-.PHONY: demo test ui mlflow-ui install bench chromium
+.PHONY: demo test test-unit test-pipeline test-services ui mlflow-ui install bench chromium
 
 demo: $(STAMP)  ## install if needed, then materialize every asset on the embedded demo dataset
 	$(BIN)/covlab demo
 
-test: $(STAMP) chromium  ## install if needed, then run the whole test suite
-	$(BIN)/python -m pytest -q -rs
+# The suite on TEST_WORKERS xdist workers; tests/conftest.py groups the tests that share a module or the demo home.
+TEST_WORKERS ?= 2
+PYTEST = $(BIN)/python -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup
 
-# The browser test drives Debian's Chromium (ENVIRONMENT.md: never a browser a tool downloads itself).
+test: $(STAMP) chromium  ## install if needed, then run the whole test suite: every tier
+	$(PYTEST)
+
+test-unit: $(STAMP)  ## the unit tier: in-process, no outside service, no whole pipeline
+	$(PYTEST) -m unit
+
+test-pipeline: $(STAMP)  ## the pipeline tier: `make demo` once, then what reads it, and the pipeline builds
+	$(PYTEST) -m pipeline
+
+test-services: $(STAMP) chromium  ## the services tier: PostgreSQL, Redis and Chromium on 127.0.0.1
+	$(PYTEST) -m services
+
+# The browser test drives Debian's Chromium: no test tool may download a browser of its own (closed network).
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
 		|| echo "could not install chromium (apt-get as root); the browser test will fail without /usr/bin/chromium"
 
 ui: $(STAMP)  ## the Dagster UI on 127.0.0.1:$(UI_PORT), on the same instance as `make demo`
-	$(BIN)/python -c "from covlab.orchestration.settings import dagster_home; dagster_home()"
+	$(BIN)/python -c "from covlab.orchestration.settings import dagster_instance; dagster_instance().dispose()"
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 mlflow-ui: $(STAMP)  ## the MLflow UI on 127.0.0.1:$(MLFLOW_PORT): registered selector versions and their tags
@@ -42,7 +55,9 @@ bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to 
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/reproduce.py
 	$(BIN)/python bench/selection.py
+	$(BIN)/python bench/subquestion_stability.py
 	$(BIN)/python bench/mcompass_latency.py
+	$(BIN)/python bench/serve.py
 
 install: $(STAMP)
 

@@ -1,60 +1,65 @@
 """The token-budgeted comparison (METHODS.md §2, §3, §5): item embeddings and token counts of the pools, the
-LMVU ranker, one selection asset per method at every token budget, and the comparison report (method x
-budget x metric, oracle headroom, paired statistics). Every family selects from the same BM25 pools.
-Budgets and protocol come from the evaluation resource, so selections and report cannot disagree."""
+LMVU ranker, one selection asset per method of the comparison (models/registry.py) at every token budget,
+and the comparison report (method x budget x metric, oracle headroom, paired statistics). Every family
+selects from the same BM25 pools. Budgets and protocol come from the evaluation resource, so selections and
+report cannot disagree."""
 
-import json
 import tempfile
 import time
 from pathlib import Path
 
 import pandas as pd
-from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, Failure, MetadataValue, Output, asset
 from pydantic import Field
 
+from covlab.assets.model_registry import load_registered_model, serving_of, training_run
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
-from covlab.models.comparison import (BUDGETED_METHODS, BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS,
-                                      METHOD, TOKEN_COUNTS, BudgetedMethod, compare, cross_validated_lmvu,
-                                      embed_items, evaluated_query_ids, fit_lmvu, labelled_pools, markdown,
-                                      method_protocols, method_rvc1, pool_token_counts, query_pools,
-                                      resolve_budgets, run_method, topic_folds)
-from covlab.models.budgeted import Budget
-from covlab.models.coverage import document_texts, load_first_stage, queries_of
+from covlab.assets.progress import step_progress
+from covlab.assets.report import PAIRED_COLUMNS
+from covlab.assets.reporting import Publication, leaderboard_entries, publish_report, require_same_settings
+from covlab.models.comparison import (ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH, compare, embed_items,
+                                      markdown, method_protocols, pool_token_counts, resolve_budgets,
+                                      train_lmvu_ranker)
+from covlab.models.biencoder import load_first_stage
+from covlab.models.coverage import document_texts, queries_of
 from covlab.models.encoders import default_base_model
-from covlab.models.lmvu import FEATURE_NAMES, LMVU, LMVURanker, SelectionState, heldout_top1_accuracy
-from covlab.models.selection import estimator_trusted
-from covlab.models.tokens import TokenCounter
-from covlab.models.plots import budget_chart, figure_entries, markdown_image
+from covlab.models.leaderboard import board, leaderboard
+from covlab.models.lmvu import LMVUSettings, load_rankers, save_rankers
+from covlab.models.metrics import RVC1
+from covlab.models.plots import budget_chart, markdown_image
+from covlab.models.registry import Coverage, Method, Report, methods
 from covlab.models.report import report_figures
-from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, report_lineage_markdown
+from covlab.models.runs import ByQuery, run_method
+from covlab.models.schemas import BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS, TOKEN_COUNTS
+from covlab.models.selection import embedded_pools
+from covlab.models.selectors import Budget
+from covlab.models.tokens import TokenCounter
+from covlab.models.trust import blend_table
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
-from covlab.resources.io_manager import atomic_write
-from covlab.resources.results_store import ReportRecord, ResultsStore
+from covlab.resources.results_store import ResultsStore
+from covlab.resources.lineage import TrainingSummary, recorded_entry
+from covlab.resources.model_store import TrainedModel
 from covlab.resources.tracking import TrackingResource
 
 GROUP = "budgeted"
-RANKER_FILE = "lmvu_ranker.json"
-COMPARISON_CODE_VERSION = "1"
+COMPARISON_CODE_VERSION = "2"
 # What every budgeted selection reads: the pools and what the selectors see of them.
 POOL_INPUTS = ("bm25_pools", "queries", "corpus", "item_embeddings", "token_counts")
-ESTIMATED_MATRIX = {"estimated": "estimated_coverage_matrix", "estimated_gold": "estimated_gold_coverage_matrix"}
 # Each method's selection asset: what the comparison reads that method's rows from.
-SELECTIONS = {m.name: f"budgeted_{m.name}" for m in BUDGETED_METHODS}
+SELECTIONS = {m.name: f"budgeted_{m.name}" for m in methods(Report.COMPARISON)}
 # the comparison's headline figure (METHODS.md §2): charted per (method, budget), its paired statistics shown
-HEADLINE_METRIC = "rvc1"
-PAIRED_COLUMNS = ["mean_difference", "ci_low", "ci_high", "wins", "ties", "losses", "wilcoxon_p"]
+HEADLINE_METRIC = str(RVC1)
 
 
 class EmbeddingConfig(Config):
     model: str = Field("", description="the bi-encoder every budgeted selector's similarities come from (HF path "
                                        "or name; empty: packaged MiniLM)")
-    batch_size: int = Field(64, description="texts per encoder batch")
-    max_length: int = Field(256, description="tokens per text")
+    batch_size: int = Field(ITEM_EMBEDDING_BATCH, description="texts per encoder batch")
+    max_length: int = Field(ITEM_EMBEDDING_MAX_LENGTH, description="tokens per text")
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
@@ -67,7 +72,7 @@ def item_embeddings(context: AssetExecutionContext, config: EmbeddingConfig, bm2
     context.log.info(device.describe())
     embed = load_first_stage(config.model or default_base_model(), batch_size=config.batch_size,
                              max_length=config.max_length, device=device.torch_device(),
-                             autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+                             autocast_dtype=device.autocast_dtype(), progress=step_progress(context))
     table = embed_items(bm25_pools, queries, document_texts(corpus), embed)
     return content_output(table, metadata={"rows": len(table), **table["kind"].value_counts().to_dict(),
                                            "dimension": len(table["vector"].iloc[0]) if len(table) else 0,
@@ -98,136 +103,130 @@ class LMVUConfig(Config):
                                                                        "with the best dev pairwise accuracy is kept")
     seed: int = Field(0, description="seed of state and pair sampling")
 
+    def settings(self) -> LMVUSettings:
+        return LMVUSettings(Cs=tuple(self.regularization), states_per_query=self.states_per_query,
+                            max_pairs_per_state=self.max_pairs_per_state, seed=self.seed)
 
-def _lmvu_settings(settings: dict) -> dict:
-    return {"Cs": tuple(settings["regularization"]), "states_per_query": settings["states_per_query"],
-            "max_pairs_per_state": settings["max_pairs_per_state"], "seed": settings["seed"]}
 
-
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2",
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3",
        kinds={"sklearn", "mlflow"}, owners=OWNERS)
 def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: pd.DataFrame,
                 queries: pd.DataFrame, corpus: pd.DataFrame, item_embeddings: pd.DataFrame,
                 token_counts: pd.DataFrame, nuggets: pd.DataFrame, nugget_links: pd.DataFrame,
-                evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
+                evaluation: EvaluationResource, tracking: TrackingResource,
+                artifacts: ArtifactStore) -> Output[TrainedModel]:
     """The LMVU ranker (METHODS.md §2) trained pairwise on sampled states of the train queries, C chosen on
-    the tune split; registered in MLflow as covlab.<dataset>.lmvu_ranker with its dev score for champion
+    the tune split (models/comparison.train_lmvu_ranker); under grouped_cv also one ranker per topic-grouped
+    fold, trained here so that every model a figure rests on is registered and costed. Registered in MLflow as
+    covlab.<dataset>.lmvu_ranker (the fold rankers in the same version) with its dev score for champion
     promotion (model_promotions): the mean RVC1 of its budgeted selections on the tune split, as the comparison
-    reports it, and its gate's figures (held-out top-1 accuracy against chance). Under grouped_cv the
-    comparison refits it per fold with these settings."""
+    reports it, and its gate's figures (held-out top-1 accuracy against chance)."""
+    protocol = evaluation.evaluation_protocol()
     budgets = resolve_budgets(evaluation.token_budgets, token_counts)
-    ids = queries_of(queries, ["train", evaluation.tune_split])["query_id"]
-    pools = query_pools(bm25_pools, queries, item_embeddings, token_counts, corpus, ids, nuggets, nugget_links)
-    split = {name: labelled_pools(pools, [q for q, p in pools.items() if p.split == name])
-             for name in ("train", evaluation.tune_split)}
-    with training_run(context, tracking, "lmvu_ranker", {**config.model_dump(), "budgets": list(budgets)}) as training:
-        trained = fit_lmvu(budgets, **_lmvu_settings(config.model_dump()))(split["train"], split[evaluation.tune_split])
+    ids = (set(bm25_pools["query_id"]) if protocol.cross_validated
+           else queries_of(queries, ["train", evaluation.tune_split])["query_id"])
+    pools = embedded_pools(bm25_pools, queries, item_embeddings, token_counts, corpus, ids, nuggets, nugget_links)
+    params = {**config.model_dump(), "budgets": list(budgets), "protocol": protocol.kind}
+    with training_run(context, tracking, "lmvu_ranker", params) as training:
+        result = train_lmvu_ranker(pools, protocol, budgets, config.settings(), evaluation.selector_settings(),
+                                   nugget_links, queries, evaluation.alpha)
+        trained = result.trained
         path = [{"C": c, "dev_pairwise_accuracy": accuracy} for c, accuracy in sorted(trained.dev_accuracy.items())]
         for step, point in enumerate(path, 1):  # the regularisation path: one step per C, smallest first
             training.on_epoch(step, point)
-        top1, chance = heldout_top1_accuracy(trained.ranker, split[evaluation.tune_split],
-                                             [Budget(tokens=b) for b in budgets],
-                                             states_per_query=config.states_per_query, seed=config.seed)
-        tune_pools = {q: p for q, p in pools.items() if p.split == evaluation.tune_split}
-        dev_rvc1, dev_rvc1_by_budget = method_rvc1(
-            METHOD["lmvu"], tune_pools, budgets, nugget_links, alpha=evaluation.alpha,
-            mmr_lambda=evaluation.mmr_lambda, tau=evaluation.tau, ranker=LMVU(trained.ranker))
         evidence = {"chosen_C": trained.C, "dev_pairwise_accuracy": trained.dev_accuracy,
                     "pairs": {"train": trained.train_pairs, "dev": trained.dev_pairs},
-                    "dev_top1_accuracy": top1, "dev_top1_chance": chance}
-        features = SelectionState(split["train"][0].pool, Budget(tokens=budgets[0])).features()[:3]
+                    "dev_top1_accuracy": result.top1, "dev_top1_chance": result.chance}
+        folds = [{"fold": f.fold.index, "train_queries": len(f.fold.train), "tune_queries": len(f.fold.tune),
+                  "evaluated_queries": len(f.fold.evaluated), "C": f.trained.C,
+                  "dev_pairwise_accuracy": f.trained.dev_accuracy[f.trained.C], "pairs": f.trained.train_pairs}
+                 for f in result.folds]
+        first = next(p for p in pools.values() if p.split == "train")
+        texts = document_texts(corpus)
+        request = (dict(zip(queries["query_id"], queries["text"]))[first.query_id],
+                   [texts[d] for d in first.doc_ids[:8]], {"budget_tokens": int(budgets[0])})
         with tempfile.TemporaryDirectory() as work:
-            (Path(work) / RANKER_FILE).write_text(json.dumps(trained.ranker.to_dict(), indent=2))
+            save_rankers(work, trained.ranker, result.folds)
             model = training.register(artifacts, work,
                                       metrics={"dev_pairwise_accuracy": trained.dev_accuracy[trained.C],
-                                               "dev_top1": top1, "chosen_C": trained.C, "dev_rvc1": dev_rvc1,
-                                               **{f"dev_rvc1_budget_{b}": v for b, v in dev_rvc1_by_budget.items()}},
-                                      example=pd.DataFrame(features, columns=list(FEATURE_NAMES)), output="score")
-    return content_output({**model, "settings": config.model_dump(), "dev_rvc1": dev_rvc1,
-                           "dev_top1_accuracy": top1, "dev_top1_chance": chance}, metadata={
+                                               "dev_top1": result.top1, "chosen_C": trained.C,
+                                               "dev_rvc1": result.dev_rvc1,
+                                               **{f"dev_rvc1_budget_{b}": v
+                                                  for b, v in result.dev_rvc1_by_budget.items()}},
+                                      serving=serving_of("lmvu_ranker", *request))
+    figures = {"dev_rvc1": result.dev_rvc1, "dev_top1_accuracy": result.top1, "dev_top1_chance": result.chance}
+    return content_output(TrainedModel(model, figures, config.model_dump(), protocol.kind), metadata={
         "coefficients": MetadataValue.json(trained.coefficients()),
         "dev_pairwise_accuracy": trained.dev_accuracy[trained.C], "evidence": MetadataValue.json(evidence),
-        "dev_rvc1": dev_rvc1,
-        "dev_rvc1_by_budget": MetadataValue.json({str(b): v for b, v in dev_rvc1_by_budget.items()}),
-        "budgets": MetadataValue.json(list(budgets)), "model_uri": model["uri"],
-        **training.metadata(path, x="C"), "config": MetadataValue.json(config.model_dump())})
+        "dev_rvc1": result.dev_rvc1,
+        "dev_rvc1_by_budget": MetadataValue.json({str(b): v for b, v in result.dev_rvc1_by_budget.items()}),
+        "budgets": MetadataValue.json(list(budgets)), "model_uri": model.uri,
+        **({"folds": MetadataValue.json(folds)} if folds else {}),
+        **training.metadata(TrainingSummary(
+            models=1 + len(result.folds), pairs=trained.train_pairs + sum(f.trained.train_pairs for f in result.folds)),
+            path, x="C"),
+        "config": MetadataValue.json(config.model_dump())})
 
 
-def _query_pools(inputs: dict, ids, with_gold: bool):
-    gold = {"nuggets": inputs["nuggets"], "nugget_links": inputs["nugget_links"]} if with_gold else {}
-    return query_pools(inputs["bm25_pools"], inputs["queries"], inputs["item_embeddings"], inputs["token_counts"],
-                       inputs["corpus"], ids, **gold)
+def _trained_model(method: Method, value: TrainedModel, protocol, tracking: TrackingResource,
+                   artifacts: ArtifactStore):
+    """The model a trained method's selector applies, from its registered version: the ranker under split,
+    the fold rankers by evaluated query under grouped_cv (refused when the version was trained under another
+    protocol than the selection runs under)."""
+    if value.protocol != protocol.kind:
+        raise Failure(f"{method.trained} was trained under protocol {value.protocol!r}, the evaluation resource "
+                      f"says {protocol.kind!r}: re-materialize {method.trained}")
+    ranker, folds = load_rankers(Path(load_registered_model(value, tracking, artifacts)))
+    if not protocol.cross_validated:
+        return ranker
+    return ByQuery({q: fold_ranker for fold, fold_ranker in folds for q in fold.evaluated})
 
 
-def _pools(inputs: dict, evaluation: EvaluationResource, with_gold: bool):
-    """The budgets and the QueryPools of the queries this protocol selects for."""
-    budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
-    ids = evaluated_query_ids(inputs["queries"], inputs["bm25_pools"], evaluation.protocol, evaluation.splits)
-    return budgets, _query_pools(inputs, ids, with_gold)
-
-
-def _selection_output(table: pd.DataFrame, budgets, evaluation: EvaluationResource, details: dict,
-                      started: float) -> Output[pd.DataFrame]:
-    return content_output(table, metadata={"queries": int(table["query_id"].nunique()), "rows": len(table),
-                                           "budgets": MetadataValue.json(list(budgets)),
-                                           "protocol": evaluation.protocol,
-                                           "seconds": round(time.perf_counter() - started, 3),
-                                           "details": MetadataValue.json(details),
-                                           "settings": MetadataValue.json(evaluation.model_dump())})
-
-
-def budgeted_selection_asset(method: BudgetedMethod):
+def budgeted_selection_asset(method: Method):
     """The selection asset of one method: the pools, plus the gold links for the gold-label methods, the
-    estimated matrix and the estimator (its gate) for the methods on estimates, and the ranker for LMVU."""
-    with_gold = method.covers == "gold" or method.trained
+    estimated matrix, the estimator (its gate) and the gold links (the blend weight is tuned on the tune
+    split's gold, per budget) for the methods on estimates, and its trained model's asset for a trained
+    method."""
     ins = {name: AssetIn() for name in POOL_INPUTS}
-    if with_gold:
+    if method.coverage is Coverage.GOLD or method.coverage.estimated:
         ins |= {"nuggets": AssetIn(), "nugget_links": AssetIn()}
-    if method.covers in ESTIMATED_MATRIX:
-        ins |= {"coverage": AssetIn(key=AssetKey(ESTIMATED_MATRIX[method.covers])), "coverage_estimator": AssetIn()}
-    common = dict(name=SELECTIONS[method.name], ins=ins, partitions_def=DATASETS, group_name=GROUP,
-                  code_version="1", kinds={"python", "parquet"}, owners=OWNERS,
-                  metadata=table_metadata(BUDGETED_SELECTIONS),
-                  description=f"Budgeted selection: {method.description}; at every token budget "
-                              "(query_id, budget, rank, doc_id).")
-    if not method.trained:
-        @asset(**common)
-        def selection(evaluation: EvaluationResource, **inputs) -> Output[pd.DataFrame]:
-            started = time.perf_counter()
-            budgets, pools = _pools(inputs, evaluation, with_gold)
-            estimator = inputs.get("coverage_estimator")
-            trust = estimator_trusted(estimator["dev_auc"], evaluation.min_estimator_dev_auc) if estimator else None
-            table, details = run_method(method, pools, budgets, mmr_lambda=evaluation.mmr_lambda, tau=evaluation.tau,
-                                        coverage=inputs.get("coverage"), trust=trust)
-            return _selection_output(table, budgets, evaluation, details, started)
+    if method.coverage.estimated:
+        ins |= {"coverage": AssetIn(key=AssetKey(method.coverage.asset)), "coverage_estimator": AssetIn()}
+    if method.trained is not None:
+        ins |= {"model": AssetIn(key=AssetKey(method.trained))}
 
-        return selection
-
-    @asset(**{**common, "ins": {**ins, "lmvu_ranker": AssetIn()}})
-    def trained(evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore,
-                **inputs) -> Output[pd.DataFrame]:
+    @asset(name=SELECTIONS[method.name], ins=ins, partitions_def=DATASETS, group_name=GROUP,
+           code_version="2" if method.coverage.estimated else "1",
+           kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(BUDGETED_SELECTIONS),
+           description=f"Budgeted selection: {method.description}; at every token budget "
+                       "(query_id, budget, rank, doc_id).")
+    def selection(evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore,
+                  **inputs) -> Output[pd.DataFrame]:
         started = time.perf_counter()
-        budgets, pools = _pools(inputs, evaluation, with_gold)
-        ranker_value = inputs["lmvu_ranker"]
-        if evaluation.protocol == "grouped_cv":
-            folds = topic_folds(inputs["queries"][inputs["queries"]["query_id"].isin(set(pools))],
-                                evaluation.cv_folds, evaluation.cv_seed)
-            table, rankers = cross_validated_lmvu(pools, folds, budgets,
-                                                  fit_lmvu(budgets, **_lmvu_settings(ranker_value["settings"])))
-            details = {"folds": [{"fold": r.fold, "train_queries": len(r.train), "dev_queries": len(r.dev),
-                                  "C": r.trained.C, "dev_pairwise_accuracy": r.trained.dev_accuracy[r.trained.C]}
-                                 for r in rankers]}
-        else:
-            path = Path(load_registered_model(ranker_value, tracking, artifacts)) / RANKER_FILE
-            table, details = run_method(method, pools, budgets, mmr_lambda=evaluation.mmr_lambda, tau=evaluation.tau,
-                                        ranker=LMVU(LMVURanker.from_dict(json.loads(path.read_text()))))
-            details = {**details, "model_uri": ranker_value["uri"]}
-        return _selection_output(table, budgets, evaluation, details, started)
+        protocol = evaluation.evaluation_protocol()
+        budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
+        ids = protocol.evaluated(inputs["queries"], inputs["bm25_pools"]["query_id"])
+        pools = embedded_pools(inputs["bm25_pools"], inputs["queries"], inputs["item_embeddings"],
+                               inputs["token_counts"], inputs["corpus"], ids, inputs.get("nuggets"),
+                               inputs.get("nugget_links"))
+        model = (_trained_model(method, inputs["model"], protocol, tracking, artifacts)
+                 if method.trained is not None else None)
+        estimator = inputs.get("coverage_estimator")
+        trust = (evaluation.estimate_trust(estimator.figure("dev_auc"), inputs["nugget_links"]) if estimator
+                 else None)
+        run = run_method(method, pools, [Budget(tokens=b) for b in budgets], evaluation.selector_settings(),
+                         model=model, coverage=inputs.get("coverage"), trust=trust)
+        details = run.details() | ({"model_uri": inputs["model"].model.uri} if method.trained is not None else {})
+        return content_output(run.table, metadata={
+            "queries": int(run.table["query_id"].nunique()), "rows": len(run.table),
+            "budgets": MetadataValue.json(list(budgets)), "protocol": protocol.kind,
+            "seconds": round(time.perf_counter() - started, 3), "details": MetadataValue.json(details),
+            "settings": MetadataValue.json(evaluation.model_dump())})
 
-    return trained
+    return selection
 
 
-BUDGETED_SELECTION_ASSETS = [budgeted_selection_asset(method) for method in BUDGETED_METHODS]
+BUDGETED_SELECTION_ASSETS = [budgeted_selection_asset(m) for m in methods(Report.COMPARISON)]
 
 
 class ComparisonConfig(Config):
@@ -246,45 +245,45 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
     every pooled query, once): RVC1, RVC2, alpha-nDCG@10, StRecall@10, tokens, IOU and redundancy per
     (method, budget), headroom under the exact oracles, paired statistics of every method against the
     baseline and of LMVU against MMR; per-query figures to the results store, tables to CSV artifacts."""
+    require_same_settings(context, evaluation)
     started = time.perf_counter()
-    report_ids = evaluated_query_ids(inputs["queries"], inputs["bm25_pools"], evaluation.protocol,
-                                     [evaluation.report_split])
+    protocol = evaluation.evaluation_protocol()
+    report_ids = protocol.reported(inputs["queries"], inputs["bm25_pools"]["query_id"])
     budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
-    pools = _query_pools(inputs, report_ids, with_gold=True)
+    pools = embedded_pools(inputs["bm25_pools"], inputs["queries"], inputs["item_embeddings"], inputs["token_counts"],
+                           inputs["corpus"], report_ids, inputs["nuggets"], inputs["nugget_links"])
     selections = {method: inputs[name] for method, name in SELECTIONS.items()}
     result = compare(selections, pools, inputs["nugget_links"], alpha=evaluation.alpha, baseline=config.baseline,
                      seed=config.seed)
-    protocols = method_protocols(evaluation.protocol, evaluation.splits, evaluation.tune_split)
-    folder = artifacts.directory("comparison_report", context.partition_key, context.run_id)
-    for name, frame in (("summary.csv", result.summary), ("headroom.csv", result.headroom),
-                        ("paired.csv", result.paired), ("per_query.csv", result.figures)):
-        atomic_write(folder / name, lambda tmp, f=frame: f.to_csv(tmp))
-    stored = results.write_report(ReportRecord(
-        dataset=context.partition_key, report_asset="comparison_report", partition=context.partition_key,
-        run_id=context.run_id, code_version=COMPARISON_CODE_VERSION, data_version=None,
-        config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
-        report_figures(result.figures, context.partition_key, k=None))
-    method_inputs = {method: [AssetKey(name)] for method, name in SELECTIONS.items()}
-    lineage = record_report_lineage(context, method_inputs)
     headline = result.figures[result.figures["metric"] == HEADLINE_METRIC]
     headroom = (result.headroom[f"{HEADLINE_METRIC}_headroom"].rename("value").reset_index()
                 if f"{HEADLINE_METRIC}_headroom" in result.headroom else None)  # none: no oracle for it
     paired = result.paired.xs(HEADLINE_METRIC, level="metric")[PAIRED_COLUMNS] if len(result.paired) else result.paired
-    return content_output(result.figures, metadata={
-        "summary": MetadataValue.md(markdown(result.summary, 3)),
-        "figure": MetadataValue.md(markdown_image(budget_chart(headline, f"{HEADLINE_METRIC} (mean over queries) "
-                                                                         "vs token budget"), HEADLINE_METRIC)),
-        "headroom": MetadataValue.md(markdown(result.headroom, 3)),
-        **({"headroom_figure": MetadataValue.md(markdown_image(budget_chart(
-            headroom, f"{HEADLINE_METRIC} headroom: exact oracle - method (mean over queries)"), "headroom"))}
-           if headroom is not None else {}),
-        "paired": MetadataValue.md(f"{HEADLINE_METRIC} only (every metric: paired.csv in the artifacts)\n\n"
-                                   + markdown(paired, 3)),
-        "protocol": evaluation.protocol, "budgets": MetadataValue.json(list(budgets)),
-        "method_protocols": MetadataValue.json(protocols), "queries": len(pools),
-        "seconds": round(time.perf_counter() - started, 3), "artifacts": MetadataValue.path(str(folder)),
-        REPORT_ID: stored, "lineage": MetadataValue.md(report_lineage_markdown(
-            context.asset_key, context.partition_key, lineage, method_inputs)),
-        "config": MetadataValue.json(config.model_dump()), "settings": MetadataValue.json(evaluation.model_dump()),
-        **{name: MetadataValue.float(value)
-           for name, value in figure_entries(result.figures, metrics=[HEADLINE_METRIC]).items()}})
+    ranked = leaderboard(result.figures, board(Report.COMPARISON, config.baseline), seed=config.seed)
+    blends = blend_table({m.name: recorded_entry(context.instance, AssetKey(SELECTIONS[m.name]),
+                                                 context.partition_key, "details")
+                          for m in methods(Report.COMPARISON) if m.coverage.estimated}, budgets)
+    return publish_report(context, Publication(
+        result.figures, {"leaderboard": ranked, "summary": result.summary, "headroom": result.headroom,
+                         "paired": result.paired, "blend_weights": blends, "per_query": result.figures},
+        report_figures(result.figures, context.partition_key, k=None),
+        {method: [AssetKey(name)] for method, name in SELECTIONS.items()}, result.figures, [HEADLINE_METRIC],
+        metadata={
+            **leaderboard_entries(ranked, config.baseline),
+            "summary": MetadataValue.md(markdown(result.summary, 3)),
+            "figure": MetadataValue.md(markdown_image(budget_chart(
+                headline, f"{HEADLINE_METRIC} (mean over queries) vs token budget"), HEADLINE_METRIC)),
+            "headroom": MetadataValue.md(markdown(result.headroom, 3)),
+            **({"headroom_figure": MetadataValue.md(markdown_image(budget_chart(
+                headroom, f"{HEADLINE_METRIC} headroom: exact oracle - method (mean over queries)"), "headroom"))}
+               if headroom is not None else {}),
+            "paired": MetadataValue.md(f"{HEADLINE_METRIC} only (every metric: paired.csv in the artifacts)\n\n"
+                                       + markdown(paired, 3)),
+            "blend_weights": MetadataValue.md(
+                "The blend weight of each method on estimated coverage per budget, chosen on the tune split "
+                "(0: its fallback, relevance order)\n\n" + markdown(blends.set_index(["method", "budget"]), 4)),
+            "protocol": protocol.kind, "budgets": MetadataValue.json(list(budgets)),
+            "method_protocols": MetadataValue.json(method_protocols(protocol)), "queries": len(pools),
+            "seconds": round(time.perf_counter() - started, 3)}),
+        code_version=COMPARISON_CODE_VERSION, config=config.model_dump(), evaluation=evaluation, results=results,
+        artifacts=artifacts)

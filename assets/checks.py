@@ -15,8 +15,9 @@ from covlab.assets.coverage import coverage_estimator, estimated_gold_coverage_m
 from covlab.assets.partitions import DATASETS
 from covlab.models.coverage import gold_labels
 from covlab.models.metrics import CALIBRATION_BINS, brier_score, expected_calibration_error
-from covlab.models.selection import estimator_trusted
+from covlab.models.trust import estimator_trusted
 from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.model_store import TrainedModel
 
 # Checks on partitioned assets take the assets' partitions_def, a Dagster preview feature that warns at every
 # import of this module (each CLI call): known and wanted here, so that one warning is silenced, not others.
@@ -29,15 +30,13 @@ warnings.filterwarnings("ignore", message="Specifying a partitions_def on an Ass
                          "its estimates keep the coverage bi-encoder order and it is not promoted to champion. "
                          "The dev Brier score and expected calibration error are recorded beside it and decide "
                          "nothing")
-def coverage_estimator_dev_auc(coverage_estimator: dict, evaluation: EvaluationResource) -> AssetCheckResult:
-    trust = estimator_trusted(coverage_estimator["dev_auc"], evaluation.min_estimator_dev_auc)
-    # A record from before the estimator carried its calibration has none: None says so.
-    calibration = {name: None if coverage_estimator.get(name) is None else float(coverage_estimator[name])
-                   for name in ("dev_brier", "dev_ece")}
+def coverage_estimator_dev_auc(coverage_estimator: TrainedModel, evaluation: EvaluationResource) -> AssetCheckResult:
+    trust = estimator_trusted(coverage_estimator.figure("dev_auc"), evaluation.min_estimator_dev_auc)
+    calibration = {name: coverage_estimator.figure(name) for name in ("dev_brier", "dev_ece")}
     return AssetCheckResult(passed=trust.trusted, severity=AssetCheckSeverity.WARN,
-                            metadata={"dev_auc": float(coverage_estimator["dev_auc"]), **calibration,
+                            metadata={"dev_auc": coverage_estimator.figure("dev_auc"), **calibration,
                                       "ece_bins": CALIBRATION_BINS, "threshold": evaluation.min_estimator_dev_auc,
-                                      "decision": trust.reason, "model_uri": coverage_estimator["uri"]})
+                                      "decision": trust.reason, "model_uri": coverage_estimator.model.uri})
 
 
 @asset_check(asset=estimated_gold_coverage_matrix, partitions_def=DATASETS,

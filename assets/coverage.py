@@ -10,38 +10,53 @@ from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_registered_model, training_run
+from covlab.assets.model_registry import load_registered_model, serving_of, training_run
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
+from covlab.assets.progress import step_progress
 from covlab.models import prompts
 from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
-                                     save_biencoder, train_coverage_biencoder)
+                                     load_first_stage, save_biencoder, train_coverage_biencoder)
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned, gold_judgments,
-                                    labelled_pairs, load_estimator_scorer, load_first_stage, pool_pairs, queries_of,
+                                    labelled_pairs, load_estimator_scorer, pool_pairs, queries_of,
                                     rated_judgments, save_estimator, training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
 from covlab.models.encoders import default_base_model
 from covlab.models.matcher import train_matcher
 from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES
-from covlab.models.subquestions import gold_subquestions, grounded_subquestions
+from covlab.models.subquestions import (FocusSettings, focused_decomposition, gold_subquestions,
+                                        grounded_subquestions)
 from covlab.models.windows import WindowSelection
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
+from covlab.resources.lineage import TrainingSummary
+from covlab.resources.model_store import TrainedModel
 from covlab.resources.tracking import TrackingResource
 
 GROUP = "coverage"
 
 
 class SubquestionConfig(Config):
-    mode: Literal["llm", "gold", "grounded"] = Field(
-        "grounded", description="llm: an LLM decomposes each query; gold: the dataset's nuggets (the "
-                                "gold-nugget bound); grounded: offline heuristic, representative pool sentences")
-    n: int = Field(10, description="subquestions per query (llm, grounded)")
-    pool_depth: int = Field(20, description="grounded: pool documents whose sentences are clustered")
-    base_model: str = Field("", description="grounded: sentence encoder (HF path or name; empty: packaged MiniLM)")
+    mode: Literal["llm", "gold", "grounded", "focused"] = Field(
+        "focused", description="llm: an LLM decomposes each query; gold: the dataset's nuggets (the "
+                                "gold-nugget bound); grounded: offline heuristic, representative pool sentences; "
+                                "focused: offline heuristic, pool sentences relevant to the query and new among "
+                                "themselves (models/subquestions.py)")
+    n: int = Field(10, ge=1, description="subquestions per query (llm, grounded, focused)")
+    pool_depth: int = Field(20, ge=1, description="grounded, focused: pool documents whose sentences are read")
+    base_model: str = Field("", description="grounded, focused: sentence encoder (HF path or name; empty: packaged "
+                                            "MiniLM)")
     seed: int = Field(0, description="grounded: k-means seed")
+    focus_lambda: float = Field(FocusSettings.focus_lambda, ge=0, le=1,
+                                description="focused: weight of relevance to the query against redundancy with "
+                                            "the sentences already picked")
+    duplicate_similarity: float = Field(FocusSettings.duplicate_similarity, ge=0, le=1,
+                                        description="focused: a sentence this similar (cosine) to a pick is dropped")
+    max_query_similarity: float = Field(FocusSettings.max_query_similarity, ge=0, le=1,
+                                        description="grounded, focused: a sentence this similar (cosine) to the "
+                                                    "query restates it and is dropped")
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version=f"1-{prompts.DECOMPOSE_VERSION}",
@@ -67,10 +82,19 @@ def subquestions(context: AssetExecutionContext, config: SubquestionConfig, quer
         model, tokenizer, _ = load_biencoder(config.base_model or default_base_model(), device.torch_device())
         texts = document_texts(corpus)
         top = bm25_pools[bm25_pools["rank"] <= config.pool_depth].groupby("query_id")["doc_id"].apply(list)
-        table = pd.concat([grounded_subquestions(q, t, [texts[d] for d in top.get(q, [])],
-                                                 lambda xs: encode(model, tokenizer, xs, device=device.torch_device()),
-                                                 n=config.n, seed=config.seed)
-                           for q, t in zip(queries["query_id"], queries["text"])], ignore_index=True)
+        pool_texts = {q: [texts[d] for d in docs] for q, docs in top.items()}
+        if config.mode == "focused":
+            table = focused_decomposition(
+                queries, pool_texts, lambda xs: encode(model, tokenizer, xs, device=device.torch_device(),
+                                                       progress=step_progress(context)),
+                FocusSettings(config.n, config.focus_lambda, config.duplicate_similarity, config.max_query_similarity))
+        else:
+            table = pd.concat([grounded_subquestions(q, t, pool_texts.get(q, []),
+                                                     lambda xs: encode(model, tokenizer, xs,
+                                                                       device=device.torch_device()),
+                                                     n=config.n, max_query_similarity=config.max_query_similarity,
+                                                     seed=config.seed)
+                               for q, t in zip(queries["query_id"], queries["text"])], ignore_index=True)
     per_query = table.groupby("query_id").size()
     return content_output(table, metadata={**metadata, "subquestions": len(table), "queries": int(per_query.size),
                                            "mean_per_query": float(per_query.mean()) if len(per_query) else 0.0})
@@ -150,7 +174,8 @@ class EstimatorConfig(Config):
 @reports_peak_rss
 def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, coverage_judgments: pd.DataFrame,
                        subquestions: pd.DataFrame, nuggets: pd.DataFrame, corpus: pd.DataFrame,
-                       device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
+                       device: DeviceResource, tracking: TrackingResource,
+                       artifacts: ArtifactStore) -> Output[TrainedModel]:
     """The coverage estimator, fine-tuned on judged (subquestion, document) pairs: a cross-encoder (BCE,
     early stopping on the dev split) or a bi-encoder matcher (`architecture`); registered in MLflow as
     covlab.<dataset>.coverage_estimator."""
@@ -166,7 +191,7 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                      f"{config.negatives_per_positive if config.negatives_per_positive is not None else 'all'})")
     common = dict(max_length=config.max_length, epochs=config.epochs, batch_size=config.batch_size,
                   learning_rate=config.learning_rate, seed=config.seed, device=device.torch_device(),
-                  autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+                  autocast_dtype=device.autocast_dtype(), progress=step_progress(context))
     base_model = config.base_model or default_base_model()
     with training_run(context, tracking, "coverage_estimator", config.model_dump()) as training:
         trained = (train_matcher(base_model, train, dev, temperature=config.temperature,
@@ -177,20 +202,24 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                                        on_epoch=training.on_epoch, **common))
         with tempfile.TemporaryDirectory() as work:
             save_estimator(trained, work)
+            asked = dev["subquestion"].iloc[0]  # a facet question, its judged documents as the candidates
             model = training.register(artifacts, work, metrics={"dev_auc": trained.dev_auc,
                                                                 "best_epoch": trained.best_epoch,
                                                                 "train_pairs": len(train), "dev_pairs": len(dev)},
-                                      example=dev[["subquestion", "text"]].head(3), output="probability")
+                                      serving=serving_of("coverage_estimator", asked,
+                                                         list(dev.loc[dev["subquestion"] == asked, "text"][:8]),
+                                                         {"k": 3}, {"dev_auc": trained.dev_auc}))
     # The dev figures travel with the model record: the estimator gate of the selections reads dev_auc, its
     # check records all three (assets/checks.py).
-    return content_output({**model, "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
-                           "dev_ece": trained.dev_ece}, metadata={
+    return content_output(TrainedModel(model, {"dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
+                                               "dev_ece": trained.dev_ece}, config.model_dump()), metadata={
         "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier, "dev_ece": trained.dev_ece,
         "best_epoch": trained.best_epoch, "history": MetadataValue.json(trained.history),
         "train_pairs": len(train), "dev_pairs": len(dev), "pairs_per_split": MetadataValue.json(sizes),
         "negatives_per_positive": (config.negatives_per_positive if config.negatives_per_positive is not None
                                    else "all judged pairs"),
-        "model_uri": model["uri"], **training.metadata(), "config": MetadataValue.json(config.model_dump())})
+        "model_uri": model.uri, **training.metadata(TrainingSummary(epochs=len(trained.history), pairs=len(train))),
+        "config": MetadataValue.json(config.model_dump())})
 
 
 class BiencoderConfig(Config):
@@ -211,7 +240,7 @@ class BiencoderConfig(Config):
 def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, coverage_judgments: pd.DataFrame,
                        queries: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
                        corpus: pd.DataFrame, device: DeviceResource, tracking: TrackingResource,
-                       artifacts: ArtifactStore) -> Output[dict]:
+                       artifacts: ArtifactStore) -> Output[TrainedModel]:
     """The relevance bi-encoder further trained with InfoNCE on anchors `query [COVERED] ...` (CoveR):
     positives cover an uncovered subquestion, negatives are redundant or irrelevant documents."""
     context.log.info(device.describe())
@@ -224,17 +253,18 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
         model, tokenizer, history = train_coverage_biencoder(
             config.base_model or default_base_model(), groups, temperature=config.temperature, epochs=config.epochs,
             batch_size=config.batch_size, learning_rate=config.learning_rate, max_length=config.max_length,
-            seed=config.seed, device=device.torch_device(), progress=context.log.info, on_epoch=training.on_epoch)
+            seed=config.seed, device=device.torch_device(), progress=step_progress(context), on_epoch=training.on_epoch)
         with tempfile.TemporaryDirectory() as work:
             save_biencoder(model, tokenizer, work, max_length=config.max_length, history=history,
                            settings=config.model_dump())
             registered = training.register(
                 artifacts, work, metrics={"groups": len(groups), "final_loss": history[-1]["train_loss"]},
-                example=pd.DataFrame({"query": [g.anchor for g in groups[:3]],
-                                      "document": [g.positive_text for g in groups[:3]]}), output="cosine")
-    return content_output(registered, metadata={"groups": len(groups), "history": MetadataValue.json(history),
-                                                "model_uri": registered["uri"], **training.metadata(),
-                                                "config": MetadataValue.json(config.model_dump())})
+                serving=serving_of("coverage_biencoder", groups[0].query,
+                                   [groups[0].positive_text, *groups[0].negative_texts][:8], {"k": 3}))
+    return content_output(TrainedModel(registered, settings=config.model_dump()), metadata={
+        "groups": len(groups), "history": MetadataValue.json(history), "model_uri": registered.uri,
+        **training.metadata(TrainingSummary(epochs=len(history), groups=len(groups))),
+        "config": MetadataValue.json(config.model_dump())})
 
 
 class ScoringConfig(Config):
@@ -247,7 +277,7 @@ class ScoringConfig(Config):
        kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(POOL_SCORES))
 @reports_peak_rss
 def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: pd.DataFrame,
-                bm25_pools: pd.DataFrame, corpus: pd.DataFrame, coverage_biencoder: dict,
+                bm25_pools: pd.DataFrame, corpus: pd.DataFrame, coverage_biencoder: TrainedModel,
                 evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
                 artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """Cosine of each evaluated pool document to its query under the relevance bi-encoder and under the
@@ -282,7 +312,7 @@ class EstimationConfig(Config):
 
 
 def estimated_matrix_output(context, config: EstimationConfig, pools: pd.DataFrame, subqs: pd.DataFrame,
-                            queries: pd.DataFrame, corpus: pd.DataFrame, estimator: dict,
+                            queries: pd.DataFrame, corpus: pd.DataFrame, estimator: TrainedModel,
                             evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
                             artifacts: ArtifactStore) -> Output:
     """The body of every estimated-matrix asset (over the BM25 pools, their gold nuggets, the MCompass pools):
@@ -291,21 +321,22 @@ def estimated_matrix_output(context, config: EstimationConfig, pools: pd.DataFra
     context.log.info(device.describe())
     torch_device, dtype = device.torch_device(), device.autocast_dtype()
     scorer = load_estimator_scorer(load_registered_model(estimator, tracking, artifacts), batch_size=config.batch_size,
-                                   device=torch_device, autocast_dtype=dtype, progress=context.log.info)
+                                   device=torch_device, autocast_dtype=dtype, progress=step_progress(context))
     pairs = pool_pairs(pools, subqs, queries_of(queries, evaluation.splits)).drop(columns="split")
     if config.prune_top_m is None:
         matrix, scored = estimate_coverage(pairs, subqs, document_texts(corpus), scorer), len(pairs)
     else:
         embed = load_first_stage(config.first_stage or default_base_model(), batch_size=config.batch_size,
                                  max_length=config.first_stage_max_length, device=torch_device,
-                                 autocast_dtype=dtype, progress=context.log.info)
+                                 autocast_dtype=dtype, progress=step_progress(context))
         matrix, kept = estimate_coverage_pruned(pairs, subqs, document_texts(corpus), scorer, embed,
                                                 config.prune_top_m)
         scored = int(kept.sum())
     context.log.info(f"estimated matrix: {scored} of {len(pairs)} pairs scored by the estimator")
     return content_output(matrix, metadata={
         "pairs": len(matrix), "pairs_scored": scored, "pairs_pruned": len(matrix) - scored,
-        "model_uri": estimator["uri"], "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
+        "model_uri": estimator.model.uri,
+        "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
         "config": MetadataValue.json(config.model_dump())})
 
 
@@ -314,8 +345,9 @@ def estimated_matrix_output(context, config: EstimationConfig, pools: pd.DataFra
 @reports_peak_rss
 def estimated_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig, bm25_pools: pd.DataFrame,
                               subquestions: pd.DataFrame, queries: pd.DataFrame, corpus: pd.DataFrame,
-                              coverage_estimator: dict, evaluation: EvaluationResource, device: DeviceResource,
-                              tracking: TrackingResource, artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+                              coverage_estimator: TrainedModel, evaluation: EvaluationResource,
+                              device: DeviceResource, tracking: TrackingResource,
+                              artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """Estimated coverage probability of every (pool document, subquestion) of the evaluated splits. With
     prune_top_m set, only each subquestion's top-m pool documents under the first-stage bi-encoder are
     scored; the other pairs hold probability 0.0 (counted as pairs_pruned in the metadata)."""
@@ -328,8 +360,8 @@ def estimated_coverage_matrix(context: AssetExecutionContext, config: Estimation
 @reports_peak_rss
 def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
                                    bm25_pools: pd.DataFrame, nuggets: pd.DataFrame, queries: pd.DataFrame,
-                                   corpus: pd.DataFrame, coverage_estimator: dict, evaluation: EvaluationResource,
-                                   device: DeviceResource, tracking: TrackingResource,
+                                   corpus: pd.DataFrame, coverage_estimator: TrainedModel,
+                                   evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
                                    artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix (pruned as
     estimated_coverage_matrix is, with pruned pairs at probability 0.0)."""

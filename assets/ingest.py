@@ -9,7 +9,7 @@ from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.dataset import TABLES, table_problems
-from covlab.resources.datasets import DatasetRegistry
+from covlab.resources.datasets import GENERATED_PATH, DatasetRegistry
 
 INGEST_CODE_VERSION = "1"
 CHECK_DESCRIPTION = "unique ids, references that resolve, non-empty texts"
@@ -34,7 +34,7 @@ def dataset_tables(context: AssetExecutionContext, datasets: DatasetRegistry):
     for name in TABLES:
         frame = ds.table(name)
         yield content_output(frame, output_name=name, metadata={
-            "rows": len(frame), "format": entry["format"], "path": entry["path"] or "(generated)",
+            "rows": len(frame), "format": entry["format"], "path": entry["path"] or GENERATED_PATH,
             "source_files": MetadataValue.json(ds.source_hashes),
         })
     for name in TABLES:

@@ -2,64 +2,65 @@
 their BM25 index, the topic metadata bank, the teacher's training pairs, the distilled student, whole-corpus
 retrieval by the student, its ablations, dense cosine and BM25, and the retrieval report (P@k, R@k, IE@k); then
 the student's run as candidate pools of the coverage family, their estimated coverage matrix, and the comparison
-of coverage selection from them and from the BM25 pools (issue 11)."""
+of coverage selection from them and from the BM25 pools."""
 
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pandas as pd
-from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey, AssetOut, Config,
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey, AssetOut, Config, Failure,
                      MetadataValue, Output, asset, asset_check, multi_asset)
 from pydantic import Field
 
 from covlab.assets.coverage import EstimationConfig, estimated_matrix_output
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_model_by_alias, load_registered_model, training_run
+from covlab.assets.model_registry import load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
 from covlab.assets.pools import PoolConfig
 from covlab.assets.presentation import OWNERS, table_metadata
-from covlab.assets.selections import METHODS, estimate_trust
+from covlab.assets.progress import step_progress
+from covlab.assets.reporting import Publication, publish_report, require_same_settings
 from covlab.models import prompts
-from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, tiling_problems
-from covlab.models.comparison import markdown, topic_folds
-from covlab.models.coverage import load_estimator_scorer, load_first_stage
+from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, link_placement, tiling_problems
+from covlab.models.comparison import markdown
+from covlab.models.biencoder import load_first_stage
+from covlab.models.coverage import load_estimator_scorer
 from covlab.models.encoders import default_base_model
-from covlab.models.mcompass import (PairSettings, StudentSettings, TrainingSettings, evaluation_folds, heldout_ie,
-                                    load_student, sample_pairs, save_student, student_runs, student_variants,
-                                    teacher_agreement, teacher_logits, train_student)
+from covlab.models.mcompass import (STUDENT, PairSettings, StudentSettings, TrainingSettings, load_students,
+                                    sample_pairs, save_students, student_runs, student_variants, teacher_agreement,
+                                    teacher_logits, train_students)
 from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
-from covlab.models.report import POOL_ORDER, compare_pools, report_figures
+from covlab.models.registry import method
+from covlab.models.report import compare_pools, report_figures
 from covlab.models.retrieval import (RETRIEVAL_RUN, dense_top_k, evidence_metrics, ranking_problems, retrieval_summary,
                                      run_table)
 from covlab.models.schemas import CHUNK_LINKS, CHUNK_QRELS, CHUNKS, CORPUS, COVERAGE_MATRIX, POOLS
-from covlab.models.versions import content_version
+from covlab.models.versions import arrays_digest, content_version
 from covlab.models.tokens import TokenCounter
 from covlab.models.topics import BankError, KMeansTopics, TopicBank, build_bank, effective_topics, topic_summary
-from covlab.models.plots import figure_entries
-from covlab.orchestration.lineage import REPORT_ID, record_report_lineage, report_lineage_markdown
-from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.artifacts import ArtifactStore, write_directory
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
-from covlab.resources.io_manager import atomic_write
 from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
-from covlab.resources.results_store import ReportRecord, ResultsStore
+from covlab.resources.results_store import ResultsStore
+from covlab.resources.lineage import TrainingSummary
+from covlab.resources.model_store import TrainedModel
 from covlab.resources.tracking import TrackingResource
 
 GROUP = "mcompass"
 QUERY_VECTORS_FILE = "query_vectors.npz"
 REPORT_CODE_VERSION = "1"
-BASELINE = "dense"
-STUDENT = "mcompass"  # the student's method in mcompass_retrieval
+BASELINE = method("dense").name  # the retrieval report's baseline
 # pool_comparison: pool source -> (its pool, its estimated coverage matrix); the BM25 pool is the baseline
 POOL_SOURCES = {"bm25": ("bm25_pools", "estimated_coverage_matrix"),
                 "mcompass": ("mcompass_pools", "mcompass_pool_coverage_matrix")}
 BASELINE_POOL = "bm25"
-COVERAGE_GREEDY = next(spec for spec in METHODS if spec.name == "coverage_greedy")  # its rule, as selected
+POOL_ORDER, POOL_SELECTION = method("pool_order").name, method("coverage_greedy").name  # pool_comparison's two
 
 
 class ChunkConfig(Config):
@@ -80,14 +81,16 @@ def chunks(config: ChunkConfig, corpus: pd.DataFrame, nuggets: pd.DataFrame, nug
     counter = TokenCounter(config.tokenizer)
     table = chunk_corpus(corpus, config.max_tokens, counter)
     links, chunk_qrels = chunk_gold(table, nugget_links, qrels, nuggets)
+    placement = link_placement(nugget_links, links, table)  # links no chunk holds are counted, not spread
     split = int((table["chunk_id"] != table["doc_id"]).sum())
     yield content_output(table, output_name="chunks", metadata={
         "chunks": len(table), "documents": int(table["doc_id"].nunique()), "chunks_of_split_documents": split,
         "max_tokens": int(table["tokens"].max()) if len(table) else 0,
         "config": MetadataValue.json(config.model_dump())})
+    placed = {"chunk_links": {**placement, "unplaced_sample": MetadataValue.json(placement["unplaced_sample"])}}
     for name, frame in (("chunk_links", links), ("chunk_qrels", chunk_qrels)):
-        yield content_output(frame, output_name=name,
-                             metadata={"rows": len(frame), "queries": int(frame["query_id"].nunique())})
+        yield content_output(frame, output_name=name, metadata={
+            "rows": len(frame), "queries": int(frame["query_id"].nunique()), **placed.get(name, {})})
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", kinds={"lucene"}, owners=OWNERS)
@@ -123,28 +126,30 @@ class BankConfig(Config):
 @reports_peak_rss
 def topic_metadata_bank(context: AssetExecutionContext, config: BankConfig, chunks: pd.DataFrame,
                         queries: pd.DataFrame, device: DeviceResource, artifacts: ArtifactStore) -> Output[dict]:
-    """e_c, T, theta_c (and from them m_c, g_c, r_c) of every chunk, and e_q of every query, under the artifact
-    store; the data version is the bank's content hash. Metadata: topic sizes and top terms (c-TF-IDF)."""
+    """e_c, T, theta_c (and from them m_c, g_c, r_c) of every chunk, and e_q of every query, in a folder of the
+    artifact store named by the content hashes of both (written once, whole: an earlier materialization's folder
+    is never rewritten); the data version covers both hashes. Metadata: topic sizes and top terms (c-TF-IDF)."""
     context.log.info(device.describe())
     encode = load_first_stage(config.model or default_base_model(), batch_size=config.batch_size,
                               max_length=config.max_length, device=device.torch_device(),
-                              autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+                              autocast_dtype=device.autocast_dtype(), progress=step_progress(context))
     k = effective_topics(config.topics, len(chunks), config.cap_topics)
     texts = list(chunks["text"])
     bank = build_bank(np.asarray(chunks["chunk_id"], dtype=str), texts, encode(texts),
                       KMeansTopics(k, temperature=config.temperature, seed=config.seed), top_m=config.top_m)
-    query_vectors = encode(list(queries["text"]))
-    bank_hash = bank.content_hash()
-    folder = artifacts.directory("topic_metadata_bank", context.partition_key, bank_hash[:16])
-    bank.save(folder)
-    def write_query_vectors(tmp):
-        with open(tmp, "wb") as handle:  # a handle: np.savez would add ".npz" to a temporary file's name
-            np.savez(handle, query_ids=np.asarray(queries["query_id"], dtype=str), vectors=query_vectors)
+    query_vectors = {"query_ids": np.asarray(queries["query_id"], dtype=str), "vectors": encode(list(queries["text"]))}
+    bank_hash, vectors_hash = bank.content_hash(), arrays_digest(query_vectors).hexdigest()
 
-    atomic_write(folder / QUERY_VECTORS_FILE, write_query_vectors)
+    def write_bank(folder: Path) -> None:
+        bank.save(folder)
+        with open(folder / QUERY_VECTORS_FILE, "wb") as handle:
+            np.savez(handle, **query_vectors)
+
+    folder = write_directory(artifacts.directory("topic_metadata_bank", context.partition_key,
+                                                 f"{bank_hash[:16]}-{vectors_hash[:16]}"), write_bank)
     summary = topic_summary(texts, bank.theta)
-    value = {"path": str(folder), "content_hash": bank_hash, "topics": k, "chunks": len(chunks),
-             "dimension": int(bank.embeddings.shape[1])}
+    value = {"path": str(folder), "content_hash": bank_hash, "query_vectors_hash": vectors_hash, "topics": k,
+             "chunks": len(chunks), "dimension": int(bank.embeddings.shape[1])}
     return content_output(value, metadata={
         "topics": k, "chunks": len(chunks), "path": MetadataValue.path(str(folder)),
         "topic_sizes": MetadataValue.json(sorted((t["size"] for t in summary), reverse=True)),
@@ -160,11 +165,9 @@ def _query_vectors(bank_value: dict) -> dict[str, np.ndarray]:
 
 class TeacherConfig(Config):
     source: Literal["estimator", "llm", "gold"] = Field(
-        "estimator", description="teacher logits: estimator (the registered coverage estimator's best coverage "
+        "estimator", description="teacher logits: estimator (the coverage_estimator asset's model: its best coverage "
                                  "probability over the query's subquestions), llm (the LLM rates the expanded "
                                  "query against the chunk, 0-5), gold (labels only: no distillation term)")
-    estimator_alias: str = Field("candidate", description="estimator source: MLflow alias of the coverage "
-                                                          "estimator version that teaches")
     positives: int = Field(32, description="evidence chunks drawn per training query")
     random_negatives: int = Field(2, description="random negative chunks per positive")
     hard_negatives: int = Field(2, description="BM25-ranked negative chunks per positive")
@@ -173,17 +176,18 @@ class TeacherConfig(Config):
     batch_size: int = Field(64, description="estimator source: pairs per batch")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", deps=[AssetKey("coverage_estimator")],
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2",
        kinds={"pytorch", "parquet"}, owners=OWNERS, **gpu_step())
 def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, queries: pd.DataFrame,
                      subquestions: pd.DataFrame, chunks: pd.DataFrame, chunk_links: pd.DataFrame,
-                     chunk_qrels: pd.DataFrame, chunk_index: dict, lucene: LuceneResource, llm: LLMResource,
-                     tracking: TrackingResource, artifacts: ArtifactStore,
+                     chunk_qrels: pd.DataFrame, chunk_index: dict, coverage_estimator: TrainedModel,
+                     lucene: LuceneResource,
+                     llm: LLMResource, tracking: TrackingResource, artifacts: ArtifactStore,
                      device: DeviceResource) -> Output[pd.DataFrame]:
     """Distillation pairs of every query with evidence: (query_id, chunk_id, label, kind, teacher_logit),
     evidence chunks and random and BM25-hard negatives. The teacher rates the evidence and the hard negatives;
-    teacher_logit is NaN for random negatives and under the gold source. Runs after coverage_estimator, whose
-    registered version (by alias) is the estimator source."""
+    teacher_logit is NaN for random negatives and under the gold source. The estimator source is the
+    coverage_estimator asset's model version (an input, so its lineage and cost lead through it)."""
     gold = evidence(chunk_links, chunk_qrels).groupby("query_id")["chunk_id"].apply(set).to_dict()
     hits = lucene.top_n(Path(chunk_index["path"]), queries, config.hard_depth)
     ranking = hits.groupby("query_id")["doc_id"].apply(list).to_dict()
@@ -194,10 +198,10 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
     subqs = subquestions.groupby("query_id")["text"].apply(list).to_dict()
     metadata, score, rate = {"config": MetadataValue.json(config.model_dump())}, None, None
     if config.source == "estimator":
-        path, metadata["teacher_model"] = load_model_by_alias(tracking, artifacts, context.partition_key,
-                                                              "coverage_estimator", config.estimator_alias)
+        path, metadata["teacher_model"] = (load_registered_model(coverage_estimator, tracking, artifacts),
+                                           coverage_estimator.model.uri)
         score = load_estimator_scorer(path, batch_size=config.batch_size, device=device.torch_device(),
-                                      autocast_dtype=device.autocast_dtype(), progress=context.log.info)
+                                      autocast_dtype=device.autocast_dtype(), progress=step_progress(context))
     elif config.source == "llm":
         llm.require("mcompass_teacher (without an LLM: source 'estimator' or 'gold')")
         rate = lambda asked: llm.chat_json_many(prompts.JUDGE_VERSION, asked, prompts.parse_rating)  # noqa: E731
@@ -241,86 +245,96 @@ class StudentConfig(Config):
                                 weight_decay=self.weight_decay, alpha=self.alpha, tau=self.tau, seed=self.seed)
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3", **gpu_step(),
        kinds={"pytorch", "mlflow"}, owners=OWNERS)
 @reports_peak_rss
 def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topic_metadata_bank: dict,
                      mcompass_teacher: pd.DataFrame, queries: pd.DataFrame, chunks: pd.DataFrame,
                      chunk_links: pd.DataFrame, chunk_qrels: pd.DataFrame, evaluation: EvaluationResource,
-                     device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore) -> Output[dict]:
-    """The student trained on the train split's pairs, the epoch with the best whole-corpus IE on the tune
-    split's queries kept (models/mcompass.heldout_ie); registered in MLflow as covlab.<dataset>.mcompass_student.
-    Under grouped_cv the retrieval refits it per fold with these settings."""
+                     device: DeviceResource, tracking: TrackingResource,
+                     artifacts: ArtifactStore) -> Output[TrainedModel]:
+    """The student and its two ablations (models/mcompass.student_variants), each trained on a fold's training
+    pairs with the epoch of the best whole-corpus IE on the fold's tune queries kept (models/mcompass
+    .train_students): the train split's under split (the full student trained on it is the registered model
+    itself), and under grouped_cv also one set per topic-grouped fold, so that every student a retrieval figure
+    rests on is trained, registered and costed here. Registered in MLflow as covlab.<dataset>.mcompass_student."""
     context.log.info(device.describe())
     bank = TopicBank.load(topic_metadata_bank["path"])
-    (fold,) = evaluation_folds(queries, "split", [], evaluation.tune_split)
-    pairs = mcompass_teacher[mcompass_teacher["query_id"].isin(fold.train)]
-    vectors = _query_vectors(topic_metadata_bank)
-    select = heldout_ie(bank, vectors, fold.dev, evidence(chunk_links, chunk_qrels),
-                        chunks.set_index("chunk_id")["tokens"], device.torch_device())
-    params = {**config.model_dump(), "bank": topic_metadata_bank["content_hash"]}
+    protocol = evaluation.evaluation_protocol()
+    plan = list(replace(protocol, kind="split").fold_plan(queries))
+    if protocol.cross_validated:
+        plan += [replace(fold, index=fold.index + 1) for fold in protocol.fold_plan(queries)]
+    params = {**config.model_dump(), "bank": topic_metadata_bank["content_hash"], "protocol": protocol.kind}
     with training_run(context, tracking, "mcompass_student", params) as training:
-        trained = train_student(bank, vectors, pairs, config.student(), config.training(), device.torch_device(),
-                                progress=context.log.info, select=select, on_epoch=training.on_epoch,
-                                dev_pairs=mcompass_teacher[mcompass_teacher["query_id"].isin(fold.dev)])
+        students = train_students(bank, _query_vectors(topic_metadata_bank), mcompass_teacher, plan,
+                                  student_variants(config.student()), config.training(), device.torch_device(),
+                                  step_progress(context), evidence(chunk_links, chunk_qrels),
+                                  chunks.set_index("chunk_id")["tokens"], on_epoch=training.on_epoch)
+        trained = students.students[(0, STUDENT)]
+        pairs = mcompass_teacher[mcompass_teacher["query_id"].isin(plan[0].train)]
         with tempfile.TemporaryDirectory() as work:
-            save_student(trained.model, work, {"bank_content_hash": topic_metadata_bank["content_hash"],
-                                               "training": asdict(config.training())})
+            save_students(students, work, {"bank_content_hash": topic_metadata_bank["content_hash"],
+                                           "training": asdict(config.training())})
             model = training.register(
-                artifacts, work, metrics={"train_loss": trained.epoch_losses[trained.kept_epoch - 1],
+                artifacts, work, metrics={"kept_epoch": trained.kept_epoch,
+                                          **({"train_loss": trained.epoch_losses[trained.kept_epoch - 1]}
+                                             if trained.kept_epoch else {}),
                                           **({"dev_ie": max(trained.dev_scores)} if trained.dev_scores else {})},
                 example=pd.DataFrame({"query": pairs["query_id"].map(dict(zip(queries["query_id"], queries["text"]))),
                                       "chunk_id": pairs["chunk_id"]}).head(3), output="score")
-    return content_output({**model, "settings": config.model_dump()}, metadata={
+    kept = {f"{method}/fold {fold}": s.kept_epoch for (fold, method), s in sorted(students.students.items())}
+    return content_output(TrainedModel(model, {}, config.model_dump(), protocol.kind), metadata={
         "epoch_losses": MetadataValue.json([round(x, 5) for x in trained.epoch_losses]),
+        # by epoch, entry 0 the untrained student's; kept_epoch 0: no epoch beat the initialisation on dev
         "dev_losses": MetadataValue.json([round(x, 5) for x in trained.dev_losses]),
         "dev_ie": MetadataValue.json([round(x, 5) for x in trained.dev_scores]), "kept_epoch": trained.kept_epoch,
+        "kept_epochs": MetadataValue.json(kept), "students": len(students.students), "folds": len(plan),
         "training_pairs": len(pairs), "training_queries": int(pairs["query_id"].nunique()),
-        "model_uri": model["uri"], **training.metadata(), "config": MetadataValue.json(config.model_dump())})
+        "model_uri": model.uri, **training.metadata(TrainingSummary(
+            models=len(students.students), epochs=sum(len(s.epoch_losses) for s in students.students.values()),
+            pairs=int(mcompass_teacher["query_id"].isin(set().union(*(f.train for f in plan))).sum()))),
+        "config": MetadataValue.json(config.model_dump())})
 
 
 class RetrievalConfig(Config):
     depth: int = Field(100, description="chunks retrieved per query and method")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2", **gpu_step(),
        kinds={"pytorch", "lucene", "parquet"}, owners=OWNERS, metadata=table_metadata(RETRIEVAL_RUN))
 @reports_peak_rss
-def mcompass_retrieval(context: AssetExecutionContext, config: RetrievalConfig, mcompass_student: dict,
-                       topic_metadata_bank: dict, mcompass_teacher: pd.DataFrame, queries: pd.DataFrame,
-                       chunks: pd.DataFrame, chunk_links: pd.DataFrame, chunk_qrels: pd.DataFrame,
-                       chunk_index: dict, evaluation: EvaluationResource, lucene: LuceneResource,
-                       device: DeviceResource, tracking: TrackingResource,
-                       artifacts: ArtifactStore) -> Output[pd.DataFrame]:
-    """Top-`depth` chunks of the whole corpus per evaluated query (split: evaluation.splits, the students
-    trained on train; grouped_cv: every query, the students refit per topic-grouped fold) for the student, its
-    ablations (no selector, mean pooling), dense cosine of the base encoder and BM25: RETRIEVAL_RUN."""
+def mcompass_retrieval(context: AssetExecutionContext, config: RetrievalConfig, mcompass_student: TrainedModel,
+                       topic_metadata_bank: dict, queries: pd.DataFrame, chunk_index: dict,
+                       evaluation: EvaluationResource, lucene: LuceneResource, device: DeviceResource,
+                       tracking: TrackingResource, artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+    """Top-`depth` chunks of the whole corpus per evaluated query (split: evaluation.splits, the students of the
+    train split; grouped_cv: every query, by the students of its fold, all trained in mcompass_student) for the
+    student, its ablations (no selector, mean pooling), dense cosine of the base encoder and BM25:
+    RETRIEVAL_RUN."""
     started = time.perf_counter()
+    protocol = evaluation.evaluation_protocol()
+    if mcompass_student.protocol != protocol.kind:
+        raise Failure(f"mcompass_student was trained under protocol {mcompass_student.protocol!r}, the evaluation "
+                      f"resource says {protocol.kind!r}: re-materialize mcompass_student")
     bank = TopicBank.load(topic_metadata_bank["path"])
     vectors = _query_vectors(topic_metadata_bank)
-    settings = StudentConfig(**mcompass_student["settings"])
-    fold_of = (topic_folds(queries, evaluation.cv_folds, evaluation.cv_seed)
-               if evaluation.protocol == "grouped_cv" else None)
-    folds = evaluation_folds(queries, evaluation.protocol, evaluation.splits, evaluation.tune_split, fold_of)
-    trained = None
-    if evaluation.protocol == "split":
-        path = load_registered_model(mcompass_student, tracking, artifacts)
-        trained = {"mcompass": load_student(path, device.torch_device())[0]}
-    students = student_runs(bank, vectors, mcompass_teacher, folds, student_variants(settings.student()),
-                            settings.training(), config.depth, device.torch_device(), context.log.info, trained,
-                            evidence=evidence(chunk_links, chunk_qrels),
-                            chunk_tokens=chunks.set_index("chunk_id")["tokens"])
-    evaluated = sorted({q for fold in folds for q in fold.evaluated})
+    folds, students = load_students(load_registered_model(mcompass_student, tracking, artifacts),
+                                    device.torch_device())
+    if protocol.cross_validated:  # fold 0 is the train split's: the folds that evaluate are the others
+        students = {key: model for key, model in students.items() if key[0] != 0}
+        folds = folds[1:]
+    table_students = student_runs(bank, vectors, folds, students, config.depth, device.torch_device())
+    evaluated = sorted({q for fold in folds for q in fold.evaluated if q in vectors})
     depth = min(config.depth, len(bank.chunk_ids))
     index, scores = dense_top_k(np.stack([vectors[q] for q in evaluated]), bank.embeddings, depth)
     asked = queries[queries["query_id"].isin(evaluated)]
     hits = lucene.top_n(Path(chunk_index["path"]), asked, depth)
-    bm25 = hits.rename(columns={"doc_id": "chunk_id"}).assign(method="bm25")
-    table = pd.concat([students, run_table(BASELINE, evaluated, index, scores, bank.chunk_ids),
-                       bm25[list(students.columns)]], ignore_index=True)
+    bm25 = hits.rename(columns={"doc_id": "chunk_id"}).assign(method=method("bm25").name)
+    table = pd.concat([table_students, run_table(BASELINE, evaluated, index, scores, bank.chunk_ids),
+                       bm25[list(table_students.columns)]], ignore_index=True)
     return content_output(table, metadata={"queries": len(evaluated),
                                            "methods": MetadataValue.json(sorted(table["method"].unique())),
-                                           "folds": len(folds), "protocol": evaluation.protocol, "depth": depth,
+                                           "folds": len(folds), "protocol": protocol.kind, "depth": depth,
                                            "seconds": round(time.perf_counter() - started, 3),
                                            "config": MetadataValue.json(config.model_dump())})
 
@@ -339,35 +353,31 @@ def retrieval_report(context: AssetExecutionContext, config: RetrievalReportConf
                      artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """P@k, R@k, IE@k and IE per method on the reported queries (split: report_split; grouped_cv: every query),
     paired statistics of every method against dense cosine; per-query figures to the results store."""
-    reported = queries if evaluation.protocol == "grouped_cv" else queries[queries["split"] == evaluation.report_split]
+    require_same_settings(context, evaluation)
+    reported = evaluation.evaluation_protocol().reported(queries, queries["query_id"])
     figures = evidence_metrics(mcompass_retrieval, evidence(chunk_links, chunk_qrels),
-                               chunks.set_index("chunk_id")["tokens"], query_ids=list(reported["query_id"]),
+                               chunks.set_index("chunk_id")["tokens"], query_ids=reported,
                                ks=tuple(config.ks), token_budget=config.token_budget)
+    if figures.rows.empty:
+        where = "every query" if evaluation.protocol == "grouped_cv" else f"the {evaluation.report_split} split"
+        raise Failure(f"retrieval_report: no reported query has evidence (none of the {len(reported)} queries of "
+                      f"{where} links a nugget or a qrel to a chunk), so no P@k, R@k or IE@k can be measured")
     summary, paired = retrieval_summary(figures.rows, baseline=BASELINE, seed=config.seed)
     split_of = dict(zip(queries["query_id"], queries["split"]))
     rows = figures.rows.assign(split=figures.rows["query_id"].map(split_of))
-    folder = artifacts.directory("retrieval_report", context.partition_key, context.run_id)
-    for name, frame in (("summary.csv", summary), ("paired.csv", paired), ("per_query.csv", rows)):
-        atomic_write(folder / name, lambda tmp, f=frame: f.to_csv(tmp))
     means = rows.groupby(["method", "metric"], as_index=False)["value"].mean()
-    stored = results.write_report(ReportRecord(
-        dataset=context.partition_key, report_asset="retrieval_report", partition=context.partition_key,
-        run_id=context.run_id, code_version=REPORT_CODE_VERSION, data_version=None,
-        config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
-        pd.concat([rows, means.assign(query_id=None, split=None)], ignore_index=True).assign(
-            dataset=context.partition_key, budget=config.token_budget, k=None))
-    method_inputs = {str(method): [AssetKey("mcompass_retrieval")]  # every method's run is in it
-                     for method in rows["method"].unique()}
-    lineage = record_report_lineage(context, method_inputs)
-    return content_output(rows, metadata={
-        "summary": MetadataValue.md(markdown(summary)), "paired": MetadataValue.md(markdown(paired)),
-        "queries": int(rows["query_id"].nunique()),
-        "queries_without_evidence": MetadataValue.json(figures.without_evidence),
-        "protocol": evaluation.protocol, "artifacts": MetadataValue.path(str(folder)), REPORT_ID: stored,
-        "lineage": MetadataValue.md(report_lineage_markdown(context.asset_key, context.partition_key, lineage,
-                                                            method_inputs)),
-        "config": MetadataValue.json(config.model_dump()),
-        **{name: MetadataValue.float(value) for name, value in figure_entries(rows).items()}})
+    stored = pd.concat([rows, means.assign(query_id=None, split=None)], ignore_index=True).assign(
+        dataset=context.partition_key, budget=config.token_budget, k=None)
+    return publish_report(context, Publication(
+        rows, {"summary": summary, "paired": paired, "per_query": rows}, stored,
+        {str(name): [AssetKey("mcompass_retrieval")] for name in rows["method"].unique()},  # every run is in it
+        rows, metadata={
+            "summary": MetadataValue.md(markdown(summary)), "paired": MetadataValue.md(markdown(paired)),
+            "queries": int(rows["query_id"].nunique()),
+            "queries_without_evidence": MetadataValue.json(figures.without_evidence),
+            "protocol": evaluation.protocol}),
+        code_version=REPORT_CODE_VERSION, config=config.model_dump(), evaluation=evaluation, results=results,
+        artifacts=artifacts)
 
 
 class StudentPoolConfig(Config):
@@ -407,7 +417,8 @@ def mcompass_pools(config: StudentPoolConfig, mcompass_retrieval: pd.DataFrame, 
 @reports_peak_rss
 def mcompass_pool_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
                                   mcompass_pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.DataFrame,
-                                  corpus: pd.DataFrame, coverage_estimator: dict, evaluation: EvaluationResource,
+                                  corpus: pd.DataFrame, coverage_estimator: TrainedModel,
+                                  evaluation: EvaluationResource,
                                   device: DeviceResource, tracking: TrackingResource,
                                   artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """estimated_coverage_matrix over the MCompass pools: the estimator's coverage probability of every
@@ -424,51 +435,41 @@ class PoolComparisonConfig(Config):
        kinds={"python", "parquet"}, owners=OWNERS)
 def pool_comparison(context: AssetExecutionContext, config: PoolComparisonConfig, bm25_pools: pd.DataFrame,
                     mcompass_pools: pd.DataFrame, estimated_coverage_matrix: pd.DataFrame,
-                    mcompass_pool_coverage_matrix: pd.DataFrame, coverage_estimator: dict,
+                    mcompass_pool_coverage_matrix: pd.DataFrame, coverage_estimator: TrainedModel,
                     nugget_links: pd.DataFrame, qrels: pd.DataFrame, queries: pd.DataFrame,
                     evaluation: EvaluationResource, results: ResultsStore,
                     artifacts: ArtifactStore) -> Output[pd.DataFrame]:
-    """BM25 pool + coverage greedy against MCompass pool + coverage greedy (issue 11): from each pool the
-    first k in pool order and coverage_greedy's rule (greedy at tau, the estimator gate, the blend weight
-    tuned on the tune split) on that pool's estimated matrix, alpha-nDCG@k and StRecall@k per query (method
+    """BM25 pool + coverage greedy against MCompass pool + coverage greedy: from each pool the first k in pool
+    order and coverage_greedy's rule (greedy at tau, the estimator gate, the blend weight tuned on the tune
+    split) on that pool's estimated matrix, alpha-nDCG@k and StRecall@k per query (method
     "<source>:<selection>"), paired statistics of the MCompass pool against the BM25 pool per selection and
     metric on the report split; per-query figures to the results store. [chosen] Both sources fall back to,
     and break ties by, their own pool order: the coverage bi-encoder that orders selection_coverage_greedy
     has scores for the BM25 pools only, so the BM25 row here can differ from that selection."""
+    require_same_settings(context, evaluation)
     compared = compare_pools({"bm25": bm25_pools, "mcompass": mcompass_pools},
                              {"bm25": estimated_coverage_matrix, "mcompass": mcompass_pool_coverage_matrix},
-                             COVERAGE_GREEDY.name, COVERAGE_GREEDY.selector(evaluation),
-                             estimate_trust(evaluation, coverage_estimator, queries, nugget_links), nugget_links,
+                             POOL_SELECTION, evaluation.selector_settings(),
+                             evaluation.estimate_trust(coverage_estimator.figure("dev_auc"), nugget_links),
+                             nugget_links,
                              qrels, queries, evaluation.splits, evaluation.report_split, BASELINE_POOL, evaluation.k,
                              evaluation.alpha, config.seed)
-    folder = artifacts.directory("pool_comparison", context.partition_key, context.run_id)
-    for name, frame in (("summary.csv", compared.summary), ("paired.csv", compared.paired),
-                        ("per_query.csv", compared.per_query)):
-        atomic_write(folder / name, lambda tmp, f=frame: f.to_csv(tmp))
-    stored = results.write_report(ReportRecord(
-        dataset=context.partition_key, report_asset="pool_comparison", partition=context.partition_key,
-        run_id=context.run_id, code_version=REPORT_CODE_VERSION, data_version=None,
-        config={**config.model_dump(), "evaluation": evaluation.model_dump()}),
-        report_figures(compared.per_query, context.partition_key, evaluation.k))
-    method_inputs = {f"{source}:{selection}": [AssetKey(pool)] + ([AssetKey(matrix), AssetKey("coverage_estimator")]
-                                                                  if selection != POOL_ORDER else [])
-                     for source, (pool, matrix) in POOL_SOURCES.items()
-                     for selection in (POOL_ORDER, COVERAGE_GREEDY.name)}
-    lineage = record_report_lineage(context, method_inputs)
     reported = compared.per_query[compared.per_query["split"] == evaluation.report_split]
     paired = compared.paired.set_index(["selection", "metric", "source"])[
         ["mean_a", "mean_b", "mean_difference", "ci_low", "ci_high", "wins", "ties", "losses", "wilcoxon_p"]].rename(
         columns={"mean_a": "pool", "mean_b": "bm25_pool", "mean_difference": "difference"})
-    return content_output(compared.per_query, metadata={
-        "summary": MetadataValue.md(markdown(compared.summary)),
-        "paired_vs_bm25_pool": MetadataValue.md(markdown(paired)),
-        "decisions": MetadataValue.json(compared.decisions),
-        "queries": int(reported["query_id"].nunique()), "report_split": evaluation.report_split,
-        "artifacts": MetadataValue.path(str(folder)), REPORT_ID: stored,
-        "lineage": MetadataValue.md(report_lineage_markdown(context.asset_key, context.partition_key, lineage,
-                                                            method_inputs)),
-        "config": MetadataValue.json(config.model_dump()),
-        **{name: MetadataValue.float(value) for name, value in figure_entries(reported).items()}})
+    method_inputs = {f"{source}:{selection}": [AssetKey(pool)] + ([AssetKey(matrix), AssetKey("coverage_estimator")]
+                                                                  if selection != POOL_ORDER else [])
+                     for source, (pool, matrix) in POOL_SOURCES.items() for selection in (POOL_ORDER, POOL_SELECTION)}
+    return publish_report(context, Publication(
+        compared.per_query, {"summary": compared.summary, "paired": compared.paired, "per_query": compared.per_query},
+        report_figures(compared.per_query, context.partition_key, evaluation.k), method_inputs, reported, metadata={
+            "summary": MetadataValue.md(markdown(compared.summary)),
+            "paired_vs_bm25_pool": MetadataValue.md(markdown(paired)),
+            "decisions": MetadataValue.json(compared.decisions),
+            "queries": int(reported["query_id"].nunique()), "report_split": evaluation.report_split}),
+        code_version=REPORT_CODE_VERSION, config=config.model_dump(), evaluation=evaluation, results=results,
+        artifacts=artifacts)
 
 
 @asset_check(asset="chunks", blocking=True, partitions_def=DATASETS, additional_ins={"corpus": AssetIn()},

@@ -1,6 +1,6 @@
 """One helper that every trained-selector asset trains inside, so each gets the same MLflow run (spanning
 the training, one metric step per epoch), model version with signature, tags, local copy and metadata
-(version link, training curve) for free (DESIGN.md "Conventions").
+(version link, training curve) for free.
 
     with training_run(context, tracking, "coverage_estimator", params) as training:
         trained = train_cross_encoder(..., on_epoch=training.on_epoch)
@@ -9,7 +9,6 @@ the training, one metric step per epoch), model version with signature, tags, lo
 """
 
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -17,10 +16,21 @@ from typing import Any, Iterator, Mapping
 from dagster import AssetExecutionContext, AssetRecordsFilter, MetadataValue
 
 from covlab.models.plots import markdown_image, training_curve
+from covlab.models.registry import TRAINED_SELECTORS
 from covlab.models.versions import directory_hash
-from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.artifacts import ArtifactStore, write_directory
+from covlab.resources.lineage import TRAINING, TrainingSummary
 from covlab.resources.source import source_state
-from covlab.resources.tracking import ModelVersionRef, TrackingResource, TrainingRun
+from covlab.resources.model_store import (WEIGHTS_HASH, WEIGHTS_METADATA, ModelVersionRef, RegisteredModel,
+                                         TrainedModel, WeightsChanged, weights_change)
+from covlab.resources.tracking import Serving, TrackingResource, TrainingRun
+
+
+def weights_folder(version: int, content_hash: str) -> str:
+    """The folder of a version's local weights copy under `<artifacts>/<selector>/<dataset>/`: `v<N>-<hash>`,
+    named by content as well as version, so that a version number a new MLflow registry hands out again never
+    lands on an earlier registry's copy."""
+    return f"v{version}-{content_hash[:16]}"
 
 
 def registered_model_name(dataset: str, selector: str) -> str:
@@ -59,6 +69,7 @@ class Training:
         self.context, self.tracking, self.selector, self.run = context, tracking, selector, run
         self.history: list[dict] = []
         self.ref: ModelVersionRef | None = None
+        self.model: RegisteredModel | None = None
 
     def on_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> None:
         """The trainers' per-epoch callback: the figures become metric steps of the run, now."""
@@ -66,30 +77,35 @@ class Training:
         self.run.log_epoch(epoch, metrics)
 
     def register(self, artifacts: ArtifactStore, weights_dir: str | Path, metrics: dict, example: Any = None,
-                 output: str = "score") -> dict:
+                 output: str = "score", serving: Serving | None = None) -> RegisteredModel:
         """Register `weights_dir` as a new version of `covlab.<dataset>.<selector>` (alias `candidate`) with
         the run's tags and a signature (`example`'s columns in, `output` out; TrackingResource), ending the
-        run; keep a local copy under the artifact store. Returns the asset's value: name, version, uri, MLflow
-        run id, path, and the weights' `directory_hash` as `content_hash` (what the data version stands for)."""
-        ref = self.ref = self.run.register(weights_dir, metrics, example=example, output=output)
-        local = artifacts.directory(self.selector, self.context.partition_key, f"v{ref.version}")
-        local.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=local.parent, prefix=".copy-") as work:
-            shutil.copytree(weights_dir, Path(work) / "weights")
-            if local.exists():
-                shutil.rmtree(local)
-            (Path(work) / "weights").rename(local)
+        run; keep a local copy under the artifact store, named by version and content (never replacing another
+        registry's). Returns the RegisteredModel: name, version, uri, MLflow run id, local path, and the weights'
+        `directory_hash` as `content_hash` (what the data version stands for, and what every load verifies:
+        load_registered_model); the asset's value is a TrainedModel around it."""
+        ref = self.ref = self.run.register(weights_dir, metrics, example=example, output=output, serving=serving)
+        digest = directory_hash(weights_dir)
+        local = artifacts.directory(self.selector, self.context.partition_key, weights_folder(ref.version, digest))
+        write_directory(local, lambda folder: shutil.copytree(weights_dir, folder, dirs_exist_ok=True),
+                        replace=weights_change(local, digest) is not None)
         self.context.log.info(f"registered {ref.uri} (MLflow run {ref.run_id}): {self.tracking.version_url(ref)}")
-        return {"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
-                "source": ref.source, "path": str(local), "content_hash": directory_hash(weights_dir)}
+        self.model = RegisteredModel(name=ref.name, version=ref.version, uri=ref.uri, mlflow_run_id=ref.run_id,
+                                     source=ref.source, path=str(local), content_hash=digest)
+        return self.model
 
-    def metadata(self, history: list[dict] | None = None, x: str = "epoch") -> dict:
-        """The asset metadata that shows the training: a link to the model version in the MLflow UI and the
-        curve of `history` (default: the epochs seen) as an inline PNG."""
+    def metadata(self, summary: TrainingSummary, history: list[dict] | None = None, x: str = "epoch") -> dict:
+        """The asset metadata that shows the training: what it took (`summary`, which a lineage's cost sums), a
+        link to the model version in the MLflow UI, the local weights folder with its content hash (`weights`:
+        what `covlab audit` checks on disk) and the curve of `history` (default: the epochs seen) as an inline
+        PNG."""
         history = self.history if history is None else history
-        found = {}
+        found = {TRAINING: MetadataValue.json(summary.to_dict())}
         if self.ref is not None:
             found["mlflow_model_version"] = MetadataValue.url(self.tracking.version_url(self.ref))
+        if self.model is not None:
+            found[WEIGHTS_METADATA] = MetadataValue.json({"path": self.model.path,
+                                                          WEIGHTS_HASH: self.model.content_hash})
         if history:
             png = training_curve(history, f"{self.ref.name if self.ref else self.selector} training", x=x)
             found["training_curve"] = MetadataValue.md(markdown_image(png, f"{self.selector} training curve"))
@@ -100,37 +116,42 @@ class Training:
 def training_run(context: AssetExecutionContext, tracking: TrackingResource, selector: str,
                  params: dict) -> Iterator[Training]:
     """The MLflow run of `covlab.<dataset>.<selector>`'s training, open for the block (its start and duration
-    are the training's), tagged with `registration_tags`; FAILED if the block raises."""
+    are the training's), tagged with `registration_tags`; FAILED if the block raises. Earlier training runs of
+    the model left RUNNING by a Dagster run that is over are ended FAILED first."""
     name = registered_model_name(context.partition_key, selector)
+
+    def over(run_id: str) -> bool:
+        run = context.instance.get_run_by_id(run_id)
+        return run_id != context.run_id and (run is None or run.is_finished)
+
+    tracking.end_orphaned_runs(name, over)
     with tracking.training_run(name, params, registration_tags(context)) as run:
         yield Training(context, tracking, selector, run)
 
 
-def register_trained_model(context: AssetExecutionContext, tracking: TrackingResource, artifacts: ArtifactStore,
-                           selector: str, weights_dir: str | Path, params: dict, metrics: dict) -> dict:
-    """`Training.register` for weights trained outside a `training_run` (the run then spans only the upload)."""
-    with training_run(context, tracking, selector, params) as training:
-        return training.register(artifacts, weights_dir, metrics)
+def serving_of(selector: str, query: str, candidates: list[str], budget: dict,
+               figures: dict | None = None) -> Serving | None:
+    """How the version of trained selector `selector` serves as an MLflow pyfunc: the registry method its
+    promotion is decided by (models/registry.py TRAINED_SELECTORS; None for a selector never promoted, which
+    registers no pyfunc), with one real request (`query`, `candidates`, `budget`: {"k": n} or
+    {"budget_tokens": B}) as the input example."""
+    trained = next(s for s in TRAINED_SELECTORS if s.asset == selector)
+    if trained.promotion is None:
+        return None
+    return Serving(trained.promotion.method, {"query": query, "candidates": list(candidates), **budget},
+                   figures or {})
 
 
-def load_registered_model(value: dict, tracking: TrackingResource, artifacts: ArtifactStore) -> str:
-    """A local weights directory for a registered model value: the local copy, else downloaded from MLflow."""
-    if Path(value["path"]).is_dir():
-        return value["path"]
-    ref = ModelVersionRef(name=value["name"], version=int(value["version"]), uri=value["uri"],
-                          run_id=value["mlflow_run_id"], source=value["source"])
-    return str(tracking.download(ref, Path(value["path"])))
-
-
-def load_model_by_alias(tracking: TrackingResource, artifacts: ArtifactStore, partition: str, selector: str,
-                        alias: str) -> tuple[str, str]:
-    """A local weights directory and the model URI of the version of `covlab.<partition>.<selector>` that
-    carries `alias` (the local copy the registration kept, else downloaded); a clear error when none does."""
-    name = registered_model_name(partition, selector)
-    ref = tracking.version_for_alias(name, alias)
-    if ref is None:
-        raise ValueError(f"{name} has no version with alias {alias!r}; materialize {selector} for {partition!r} "
-                         "first")
-    local = artifacts.directory(selector, partition, f"v{ref.version}")
-    return load_registered_model({"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
-                                  "source": ref.source, "path": str(local)}, tracking, artifacts), ref.uri
+def load_registered_model(value: TrainedModel | RegisteredModel, tracking: TrackingResource,
+                          artifacts: ArtifactStore) -> str:
+    """A local weights directory for a registered model value: the local copy, else downloaded from MLflow;
+    either way verified against the value's `content_hash` (WeightsChanged naming both hashes when it differs;
+    a download that differs is removed again)."""
+    model = value.model if isinstance(value, TrainedModel) else value
+    if not Path(model.path).is_dir():
+        return str(tracking.download(model.ref(), Path(model.path), content_hash=model.content_hash))
+    problem = weights_change(model.path, model.content_hash)
+    if problem:
+        raise WeightsChanged(f"{model.uri}: {problem} (changed after registration); remove {model.path} to load "
+                             f"version {model.version} again from MLflow (verified), or re-materialize the model")
+    return model.path

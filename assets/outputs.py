@@ -12,13 +12,8 @@ import pandas as pd
 from dagster import BetaWarning, DataVersion, MetadataValue, Output
 
 from covlab.models.versions import content_version
-from covlab.resources.source import source_state
+from covlab.resources.source import RUNTIME_METADATA, SOURCE_METADATA, source_state
 
-# Metadata entry of every materialization: {"commit": ..., "dirty": ...} of the code that ran.
-SOURCE_METADATA = "git"
-# Metadata entry: Python, machine and, when the step used torch, its version and intra-op thread count (a
-# different thread count may change float reductions, so a rebuild elsewhere may differ in the last bits).
-RUNTIME_METADATA = "runtime"
 ROW_COUNT = "dagster/row_count"  # metadata entry of every table materialization (the UI's row count)
 
 
@@ -36,7 +31,7 @@ def content_output(value, metadata: dict | None = None, output_name: str = "resu
     rows = {ROW_COUNT: len(value)} if isinstance(value, pd.DataFrame) else {}
     with warnings.catch_warnings():
         # Dagster 1.13 marks Output's `data_version` beta and warns on every call; content-hash data versions
-        # are what covlab is built on (DESIGN.md), so that one warning is silenced, here only.
+        # are what covlab's lineage is built on, so that one warning is silenced, here only.
         warnings.filterwarnings("ignore", message=r"Parameter `data_version` of initializer `Output\.__init__`",
                                 category=BetaWarning)
         return Output(value, output_name=output_name, data_version=DataVersion(content_version(value)),

@@ -4,7 +4,8 @@ decorator; GPU steps get their `covlab/device` asset tag from resources/device.p
 
 from __future__ import annotations
 
-from dagster import TableColumn, TableColumnConstraints, TableConstraints, TableSchema
+import pandas as pd
+from dagster import MetadataValue, TableColumn, TableColumnConstraints, TableConstraints, TableRecord, TableSchema
 
 from covlab.models.schemas import Schema
 
@@ -20,12 +21,32 @@ def column_schema(schema: Schema) -> TableSchema:
     rejects missing values, and its key (unique: a one-column key on the column, a compound one on the table)."""
     single_key = schema.key[0] if len(schema.key) == 1 else None
     columns = [TableColumn(name, dtype,
-                           description=(f"when absent: a copy of {schema.defaults[name]}"
-                                        if name in schema.defaults else None),
+                           description=_column_description(schema, name),
                            constraints=TableColumnConstraints(nullable=dtype not in NOT_NULL, unique=name == single_key))
                for name, dtype in schema.columns.items()]
     compound = [f"unique key ({', '.join(schema.key)})"] if len(schema.key) > 1 else []
     return TableSchema(columns=columns, constraints=TableConstraints(other=compound) if compound else None)
+
+
+def _column_description(schema: Schema, name: str) -> str | None:
+    """The column's declared description, and for an optional column what it defaults to."""
+    parts = [schema.descriptions.get(name), (f"when absent: a copy of {schema.defaults[name]}"
+                                             if name in schema.defaults else None)]
+    return "; ".join(p for p in parts if p) or None
+
+
+def table_value(schema: Schema, table: pd.DataFrame, digits: int = 3) -> MetadataValue:
+    """`table` (conforming to `schema`) as a MetadataValue.table the UI shows as a table with typed columns:
+    missing values as None, floats rounded to `digits` (what a reader compares; the report's CSV keeps them whole)."""
+    def cell(value):
+        if pd.isna(value):
+            return None
+        value = value.item() if hasattr(value, "item") else value
+        return round(value, digits) if isinstance(value, float) else value
+
+    records = [TableRecord({c: cell(v) for c, v in row.items()})
+               for row in table[list(schema.columns)].to_dict("records")]
+    return MetadataValue.table(records, schema=column_schema(schema))
 
 
 def table_metadata(schema: Schema) -> dict:

@@ -2,53 +2,45 @@
 the MLflow `champion` alias iff it passes its gate and its dev score is at least the champion's
 (models/promotion.py). The checks on it only read: does each candidate hold `champion` now?"""
 
+import json
 import warnings
-from typing import NamedTuple
 
 import pandas as pd
-from dagster import (AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, Failure, MetadataValue,
+from dagster import (AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetIn, AssetKey, MetadataValue,
                      PreviewWarning, asset, asset_check)
 
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.promotion import PROMOTE, promotion_decision, ranker_trusted
+from covlab.models.registry import TRAINED_SELECTORS, TrainedSelector
 from covlab.models.report import method_scores
 from covlab.models.schemas import PROMOTIONS
-from covlab.models.selection import Trust, estimator_trusted
+from covlab.models.trust import Trust, estimator_trusted
 from covlab.resources.evaluation import EvaluationResource
-from covlab.resources.tracking import ModelVersionRef, TrackingResource
+from covlab.assets.reporting import require_same_settings
+from covlab.models.registry import Coverage, Report, methods
+from covlab.resources.lineage import (REPORT_ID, latest_materialization, metadata_value, record_report_lineage,
+                                      report_id_entry)
+from covlab.resources.model_store import PROMOTED_BY_TAG, SELECTION_TAG_PREFIX, RegisteredModel, TrainedModel
+from covlab.resources.results_store import ReportRecord, ResultsStore
+from covlab.resources.tracking import TrackingResource
 
 warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
                         category=PreviewWarning)  # as in assets/checks.py
 
-
-class PromotionScore(NamedTuple):
-    """What decides a trained selector's promotion: the dev score of the selection `method`; with `metric`
-    None, its mean alpha-nDCG@k on the tune split in the coverage report; otherwise the figure the trained
-    asset measured on the tune split itself and keeps in its value as `dev_<metric>` (the LMVU ranker's
-    RVC1: its selections are token-budgeted, so the coverage report has no row of them)."""
-    method: str
-    metric: str | None = None
+# The trained selectors model_promotions decides on (models/registry.py TRAINED_SELECTORS with a rule).
+PROMOTED: tuple[TrainedSelector, ...] = tuple(s for s in TRAINED_SELECTORS if s.promotion is not None)
+PROMOTIONS_CODE_VERSION = "2"
 
 
-# trained selector -> the selection and score that decide its promotion: the one list of promoted selectors
-PROMOTION_METHOD = {"coverage_estimator": PromotionScore("coverage_greedy"),
-                    "coverage_biencoder": PromotionScore("relevance_coverage_trained"),
-                    "lmvu_ranker": PromotionScore("lmvu", "rvc1")}
-
-
-def promote_if_better(tracking: TrackingResource, model: dict, dev_score: float, metric: str,
-                      trust: Trust | None = None) -> tuple[bool, str]:
+def promote(tracking: TrackingResource, model: RegisteredModel, dev_score: float, metric: str,
+            trust: Trust | None, promoted_by: dict | None = None) -> dict:
     """Record `dev_score` on the candidate's run, decide (models/promotion.py: promotion_decision) and carry
-    the decision out in MLflow; (candidate is champion now, the decision in words)."""
-    row = _promote(tracking, model, dev_score, metric, trust)
-    return row["champion"], row["decision"]
-
-
-def _promote(tracking: TrackingResource, model: dict, dev_score: float, metric: str, trust: Trust | None) -> dict:
-    candidate = ModelVersionRef(name=model["name"], version=int(model["version"]), uri=model["uri"],
-                                run_id=model["mlflow_run_id"], source=model["source"])
+    the decision out in MLflow, a promoted version tagged with the figure that promoted it (`promoted_by`:
+    PROMOTED_BY_TAG, what a served selection's provenance names); the PROMOTIONS row of the decision (without
+    the selector's name)."""
+    candidate = model.ref()
     key = "dev_" + metric.replace("@", "_at_")  # MLflow metric names allow no "@"
     tracking.log_metric(candidate, key, dev_score)
     gated = trust is not None and not trust.trusted
@@ -58,6 +50,8 @@ def _promote(tracking: TrackingResource, model: dict, dev_score: float, metric: 
                                   champion_score, trust, key)
     if decision.action == PROMOTE:
         tracking.set_alias(candidate.name, "champion", candidate.version)
+        if promoted_by is not None:
+            tracking.set_version_tag(candidate, PROMOTED_BY_TAG, json.dumps(promoted_by, sort_keys=True))
     return {"model_name": candidate.name, "version": candidate.version, "dev_score": dev_score,
             "champion_version": champion.version if champion else 0,
             "champion_score": float("nan") if champion_score is None else champion_score,
@@ -65,54 +59,85 @@ def _promote(tracking: TrackingResource, model: dict, dev_score: float, metric: 
             "decision": f"{candidate.uri} {decision.reason}"}
 
 
-@asset(partitions_def=DATASETS, group_name="reports", code_version="1", kinds={"mlflow", "parquet"}, owners=OWNERS,
-       metadata=table_metadata(PROMOTIONS))
+@asset(partitions_def=DATASETS, group_name="reports", code_version=PROMOTIONS_CODE_VERSION, kinds={"mlflow", "parquet"},
+       owners=OWNERS,
+       metadata=table_metadata(PROMOTIONS),
+       ins={"coverage_report": AssetIn(), **{selector.asset: AssetIn() for selector in PROMOTED}})
 def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResource, tracking: TrackingResource,
-                     coverage_report: pd.DataFrame, coverage_estimator: dict, coverage_biencoder: dict,
-                     lmvu_ranker: dict):
-    """One row per trained selector (PROMOTIONS): its candidate's dev score (PROMOTION_METHOD), the
-    champion it was compared with, and whether it is champion now."""
-    reported = f"alpha_ndcg@{evaluation.k}"
-    dev = method_scores(coverage_report, evaluation.tune_split, reported)
-    gates = {"coverage_estimator": estimator_trusted(coverage_estimator["dev_auc"],
-                                                     evaluation.min_estimator_dev_auc),
-             "lmvu_ranker": ranker_trusted(*(_recorded(lmvu_ranker, "lmvu_ranker", key, context.partition_key)
-                                             for key in ("dev_top1_accuracy", "dev_top1_chance")))}
-    models = {"coverage_estimator": coverage_estimator, "coverage_biencoder": coverage_biencoder,
-              "lmvu_ranker": lmvu_ranker}
-    metrics = {selector: score.metric or reported for selector, score in PROMOTION_METHOD.items()}
-    scores = {selector: dev[score.method] if score.metric is None
-              else _recorded(models[selector], selector, f"dev_{score.metric}", context.partition_key)
-              for selector, score in PROMOTION_METHOD.items()}
-    rows = [{"selector": selector, "method": score.method,
-             **_promote(tracking, models[selector], scores[selector], metrics[selector], gates.get(selector))}
-            for selector, score in PROMOTION_METHOD.items()]
+                     results: ResultsStore, coverage_report: pd.DataFrame, **models):
+    """One row per promoted trained selector (PROMOTIONS): its candidate's dev score (its registry
+    PromotionRule), the champion it was compared with, and whether it is champion now. The dev scores go to
+    the results store as this step's figures, so that the figure which promoted a version (its
+    PROMOTED_BY_TAG) is audited like any reported number; the estimator's version also records what each
+    selection on its matrix decided (fell back, blend weight: SELECTION_TAG_PREFIX), which serving applies."""
+    require_same_settings(context, evaluation)
+    estimator, ranker = models["coverage_estimator"], models["lmvu_ranker"]
+    gates = {"coverage_estimator": estimator_trusted(estimator.figure("dev_auc"), evaluation.min_estimator_dev_auc),
+             "lmvu_ranker": ranker_trusted(ranker.figure("dev_top1_accuracy"), ranker.figure("dev_top1_chance"))}
+    scores = {}
+    for selector in PROMOTED:
+        rule = selector.promotion
+        metric = str(rule.measure) if rule.recorded else str(rule.measure @ evaluation.k)
+        scores[selector.asset] = (metric, models[selector.asset].figure(f"dev_{rule.measure}") if rule.recorded
+                                  else method_scores(coverage_report, evaluation.tune_split, metric)[rule.method])
+    figures = pd.DataFrame([{"dataset": context.partition_key, "method": s.promotion.method, "budget": None,
+                             "k": None if s.promotion.recorded else evaluation.k, "split": evaluation.tune_split,
+                             "metric": scores[s.asset][0], "query_id": None, "value": scores[s.asset][1]}
+                            for s in PROMOTED])
+    record_report_lineage(context, {s.promotion.method: [AssetKey(s.asset)] + ([] if s.promotion.recorded
+                                                                               else [AssetKey("coverage_report")])
+                                    for s in PROMOTED})
+    stored = results.write_report(ReportRecord(
+        dataset=context.partition_key, report_asset="model_promotions", partition=context.partition_key,
+        run_id=context.run_id, code_version=PROMOTIONS_CODE_VERSION, data_version=None,
+        config={"evaluation": evaluation.model_dump()}), figures)
+    rows = []
+    for selector in PROMOTED:
+        rule, (metric, score) = selector.promotion, scores[selector.asset]
+        promoted_by = {"report": "model_promotions", REPORT_ID: stored, "dataset": context.partition_key,
+                       "method": rule.method, "metric": metric, "split": evaluation.tune_split, "value": score}
+        rows.append({"selector": selector.asset, "method": rule.method, "metric": metric,
+                     **promote(tracking, models[selector.asset].model, score, metric, gates.get(selector.asset),
+                               promoted_by)})
+    _record_selection_decisions(context, tracking, estimator)
     for row in rows:
         context.log.info(row["decision"])
     table = PROMOTIONS.conform(pd.DataFrame(rows), source="model_promotions")
     champions = [row["selector"] for row in rows if row["champion"]]
-    return content_output(table, metadata={"metric": MetadataValue.json(metrics), "split": evaluation.tune_split,
-                                           "champions": MetadataValue.json(champions),
+    return content_output(table, metadata={"metric": MetadataValue.json({r["selector"]: r["metric"] for r in rows}),
+                                           "split": evaluation.tune_split,
+                                           "champions": MetadataValue.json(champions), REPORT_ID: report_id_entry(stored),
                                            "settings": MetadataValue.json(evaluation.model_dump())})
 
 
-def _recorded(value: dict, selector: str, key: str, partition: str) -> float:
-    """A dev figure a trained asset keeps in its value; a value stored before the asset recorded it is named
-    instead of failing on a missing key."""
-    if key not in value:
-        raise Failure(f"{selector} [{partition}] was stored before it recorded {key!r}; re-materialize {selector} "
-                      "(its code version changed, so the nightly schedule does that) and run model_promotions again")
-    return value[key]
+def _record_selection_decisions(context: AssetExecutionContext, tracking: TrackingResource,
+                                estimator: TrainedModel) -> None:
+    """Tag the estimator's version with what each k selection on its matrix decided (its latest
+    materialization's fell_back and blend_weight metadata), per method: what serving applies at that budget."""
+    for method in methods(Report.COVERAGE):
+        if method.coverage is not Coverage.ESTIMATED:
+            continue
+        record = latest_materialization(context.instance, AssetKey(f"selection_{method.name}"), context.partition_key)
+        if record is None:
+            continue
+        metadata = record.asset_materialization.metadata
+        recorded = {name: metadata_value(metadata[name]) for name in ("k", "fell_back", "blend_weight")
+                    if name in metadata}
+        if "k" in recorded:
+            decision = {f"k={recorded['k']}": {"fell_back": recorded.get("fell_back"),
+                                               "blend_weight": recorded.get("blend_weight")}}
+            tracking.set_version_tag(estimator.model.ref(), SELECTION_TAG_PREFIX + method.name, json.dumps(decision))
 
 
-def _champion_check(selector: str):
-    @asset_check(name=f"{selector}_champion", asset=model_promotions, partitions_def=DATASETS,
-                 description=f"the {selector} candidate holds the MLflow `champion` alias (WARN when it stays "
-                             f"candidate: gated, or its dev {PROMOTION_METHOD[selector].method} "
-                             f"{PROMOTION_METHOD[selector].metric or 'alpha-nDCG'} score is below the "
+def _champion_check(selector: TrainedSelector):
+    rule = selector.promotion
+
+    @asset_check(name=f"{selector.asset}_champion", asset=model_promotions, partitions_def=DATASETS,
+                 description=f"the {selector.asset} candidate holds the MLflow `champion` alias (WARN when it stays "
+                             f"candidate: gated, or its dev {rule.method} {rule.measure.name} score is below the "
                              "champion's); reads only")
     def champion_check(model_promotions: pd.DataFrame, tracking: TrackingResource) -> AssetCheckResult:
-        row = model_promotions.set_index("selector").loc[selector]
+        row = model_promotions.set_index("selector").loc[selector.asset]
         champion = tracking.version_for_alias(row["model_name"], "champion")
         holds = champion is not None and champion.version == int(row["version"])
         return AssetCheckResult(passed=holds, severity=AssetCheckSeverity.WARN,
@@ -121,4 +146,4 @@ def _champion_check(selector: str):
     return champion_check
 
 
-PROMOTION_CHECKS = [_champion_check(selector) for selector in PROMOTION_METHOD]
+PROMOTION_CHECKS = [_champion_check(selector) for selector in PROMOTED]

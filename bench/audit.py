@@ -33,16 +33,15 @@ def main() -> None:
     from dagster import AssetKey, DagsterInstance
 
     from covlab.orchestration.cli import materialize
-    from covlab.orchestration.lineage import audit_materialization, render_text
+    from covlab.resources.lineage import audit_materialization, render_text
     from covlab.orchestration.settings import dagster_home
-    from tiny_bert import save_tiny_bert
-    from test_pipeline import tiny_config
+    from tiny_bert import save_tiny_bert, tiny_pipeline_config
 
     save_tiny_bert(home / "tiny")
 
     dagster_home()
     instance = DagsterInstance.get()
-    config = tiny_config(str(home / "tiny"))
+    config = tiny_pipeline_config(str(home / "tiny"))
     start = time.perf_counter()
     materialize("demo", None, config, instance)
     reruns = [k for k in ("pool_scores",)] + [f"selection_{m}" for m in (

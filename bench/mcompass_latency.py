@@ -68,7 +68,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from covlab.models.coverage import document_texts, load_first_stage  # noqa: E402
+from covlab.models.biencoder import load_first_stage  # noqa: E402
+from covlab.models.coverage import document_texts  # noqa: E402
 from covlab.models.encoders import default_base_model  # noqa: E402
 from covlab.models.mcompass import (SCORE_BLOCK_FLOATS, BankTensors, PairSettings, StudentSettings,  # noqa: E402
                                     TrainingSettings, retrieve, sample_pairs, train_student)

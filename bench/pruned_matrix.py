@@ -9,8 +9,9 @@
    the cross-encoder on every pair, and by the pruned path (`estimate_coverage_pruned`: the packaged MiniLM
    keeps each nugget's top-m pool documents, the cross-encoder scores those, the rest get 0.0). Rates are
    matrix pairs per second of wall time, the first stage included.
-3. Selection agreement: soft greedy and hard greedy (tau 0.3) selections of k=10 (models/selection.py
-   select_per_query) on both matrices; the share of queries whose top-10 set is identical, the share of
+3. Selection agreement: soft greedy and hard greedy (tau 0.3) selections of k=10 (models/selectors.py
+   CoverageGreedy over models/selection.py ranked_pools) on both matrices; the share of queries whose top-10
+   set is identical, the share of
    ranks holding the same document, and each selection's alpha-nDCG@10 and StRecall@10 against the gold links.
 
     .venv/bin/python bench/pruned_matrix.py [--dataset auto|longdoc|demo] [--profile small] [--prune-top-m 10]
@@ -37,13 +38,16 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from covlab.assets.coverage import EstimatorConfig  # noqa: E402
+from covlab.models.biencoder import load_first_stage  # noqa: E402
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned,  # noqa: E402
-                                    gold_judgments, load_estimator_scorer, load_first_stage, pool_pairs,
+                                    gold_judgments, load_estimator_scorer, pool_pairs,
                                     queries_of, save_estimator, training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder  # noqa: E402
 from covlab.models.encoders import default_base_model  # noqa: E402
 from covlab.models.metrics import evaluate_run  # noqa: E402
-from covlab.models.selection import ESTIMATED, GreedyCoverage, SoftGreedyCoverage, select_per_query  # noqa: E402
+from covlab.models.schemas import SELECTIONS  # noqa: E402
+from covlab.models.selection import ESTIMATED, ranked_pools, select_queries  # noqa: E402
+from covlab.models.selectors import Budget, CoverageGreedy  # noqa: E402
 from covlab.models.subquestions import gold_subquestions  # noqa: E402
 from covlab.models.windows import WindowSelection  # noqa: E402
 from covlab.orchestration.cli import DEMO_CONFIG  # noqa: E402
@@ -163,8 +167,9 @@ def main() -> None:
 
     dev_pool = pools[pools["query_id"].isin(set(pairs["query_id"]))]
     selections, agree = {}, {}
-    for selector in (SoftGreedyCoverage(), GreedyCoverage(threshold=TAU)):
-        chosen = {side: select_per_query(dev_pool, selector, K, coverage=matrix, columns=ESTIMATED)
+    for selector in (CoverageGreedy(soft=True), CoverageGreedy(soft=False, tau=TAU)):
+        chosen = {side: SELECTIONS.conform(select_queries(ranked_pools(dev_pool, ds.queries, matrix, ESTIMATED),
+                                                          selector, [Budget(k=K)]).table, source=side)
                   for side, matrix in (("full", full), ("pruned", pruned))}
         agree[selector.name] = agreement(chosen["full"], chosen["pruned"])
         selections[selector.name] = {side: quality(run, ds) for side, run in chosen.items()}

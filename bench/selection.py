@@ -3,13 +3,13 @@
 On the real ArgKP-2021 pools (62 queries, each query's `candidates` rows: ~117 arguments; gold matrix from
 nugget_links, key points as viewpoints, |V| <= 7; token costs from TokenCounter; packaged MiniLM embeddings,
 computed at start, ~1 minute on CPU) at B = 128 and 1,024 tokens, every budgeted selector of
-models/budgeted.py (RelevanceOrder, MMR(0.5), FacilityLocation, AdaGReS, CoverageGreedy soft and hard over
+models/selectors.py (RelevanceOrder, MMR(0.5), FacilityLocation, AdaGReS, CoverageGreedy soft and hard over
 the gold matrix) and both exact oracles (rvc1_oracle, rvc2_oracle) are timed three ways:
 
 - library, per pool: `selector(pool, budget)` for each query;
 - library, batched: `select_batch(selector, pools, budget)` over all 62 queries (per query = total / 62):
   CoverageGreedy and FacilityLocation step their pools in lockstep; RelevanceOrder, MMR and AdaGReS run
-  pool by pool there too (why: models/budgeted.py's module docstring);
+  pool by pool there too (why: models/selectors.py's module docstring);
 - reference: the same algorithm written below in plain Python (lists and loops, no numpy), on the same pools
   converted to lists beforehand. The oracle references are METHODS.md §2's DPs as written (no dominance
   pruning, which the library adds), so their ratio counts the pruning and the vectorisation together.
@@ -46,8 +46,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np  # noqa: E402
 
 from covlab.models.biencoder import encode, load_biencoder  # noqa: E402
-from covlab.models.budgeted import (MMR, AdaGReS, Budget, CoverageGreedy, FacilityLocation, Pool,  # noqa: E402
-                                    RelevanceOrder, select_batch)
+from covlab.models.selectors import (MMR, AdaGReS, Budget, CoverageGreedy, FacilityLocation, Pool,  # noqa: E402
+                                     RelevanceOrder, select_batch)
 from covlab.models.coverage import document_texts  # noqa: E402
 from covlab.models.encoders import default_base_model  # noqa: E402
 from covlab.models.oracles import rvc1_oracle, rvc2_oracle  # noqa: E402
@@ -100,7 +100,7 @@ def as_lists(pool: Pool) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Plain-Python references: the algorithms of models/budgeted.py and models/oracles.py over lists.
+# Plain-Python references: the algorithms of models/selectors.py and models/oracles.py over lists.
 
 def dot(a: list[float], b: list[float]) -> float:
     return sum(map(mul, a, b))
@@ -342,8 +342,8 @@ def main() -> None:
         for tokens in args.budgets:
             budget = Budget(tokens=tokens)
             for name, selector, reference in SELECTOR_ROWS:
-                library = [selector(pool, budget).tolist() for pool in pools]
-                batched = [chosen.tolist() for chosen in select_batch(selector, pools, budget)]
+                library = [selector(pool, budget).items.tolist() for pool in pools]
+                batched = [chosen.items.tolist() for chosen in select_batch(selector, pools, budget)]
                 expected = [reference(p, tokens) for p in lists]
                 for query_id, a, b, c in zip(query_ids, library, batched, expected):
                     assert a == b == c, f"{name} at B={tokens} differs on {query_id}: {a} / {b} / reference {c}"

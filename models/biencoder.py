@@ -263,3 +263,13 @@ def load_biencoder(path_or_name: str | os.PathLike, device: torch.device = CPU):
     with quiet_loading():
         model = AutoModel.from_pretrained(str(path_or_name)).to(device).eval()
     return model, AutoTokenizer.from_pretrained(str(path_or_name)), read_info(path_or_name)
+
+
+def load_first_stage(path_or_name: str, *, batch_size: int, max_length: int, device, autocast_dtype=None,
+                     progress: Callable[[str], None] | None = None) -> Callable[[list[str]], np.ndarray]:
+    """A bi-encoder (any saved one, e.g. the coverage bi-encoder, or a Hugging Face path or name) as a
+    function texts -> unit vectors: the first stage of models/coverage.estimate_coverage_pruned, the window
+    scorer of models/windows.py, and the encoder of the item embeddings and the topic bank."""
+    model, tokenizer, _ = load_biencoder(path_or_name, device)
+    return lambda texts: encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
+                                autocast_dtype=autocast_dtype, progress=progress)

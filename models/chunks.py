@@ -109,13 +109,27 @@ def content_words(text: str) -> frozenset[str]:
 
 
 def holding_chunks(nugget: str, chunk_texts: list[str]) -> list[int]:
-    """Positions of the chunks that best match `nugget`: the highest share of the nugget's content words
-    present in the chunk, every tied chunk included. If no chunk shares a content word with the nugget, the
-    evidence cannot be placed, and every chunk is returned."""
+    """Positions of the chunks that best match `nugget`: the most of the nugget's content words present in the
+    chunk, every tied chunk included. [] when the match cannot place the evidence: no chunk shares a content
+    word with the nugget, or, among several chunks, every one matches alike (the words are everywhere)."""
     wanted = content_words(nugget)
     shared = [len(wanted & content_words(text)) for text in chunk_texts]
     best = max(shared, default=0)
-    return [i for i, n in enumerate(shared) if n == best]
+    held = [i for i, n in enumerate(shared) if n == best]
+    return [] if best == 0 or 1 < len(held) == len(chunk_texts) else held
+
+
+def link_placement(nugget_links: pd.DataFrame, chunk_links: pd.DataFrame, chunks: pd.DataFrame) -> dict:
+    """Where `chunk_gold` put the document-level `nugget_links`: how many went to no chunk (`unplaced_links`,
+    the first five of them as records), how many to more than one chunk, and the most chunks one link went to."""
+    doc_of = dict(zip(chunks["chunk_id"], chunks["doc_id"]))
+    per_link = pd.Series(list(zip(chunk_links["query_id"], chunk_links["chunk_id"].map(doc_of),
+                                  chunk_links["nugget_id"])), dtype=object).value_counts()
+    keys = zip(nugget_links["query_id"], nugget_links["doc_id"], nugget_links["nugget_id"])
+    unplaced = nugget_links[[key not in per_link.index for key in keys]]
+    return {"unplaced_links": len(unplaced), "links_on_several_chunks": int((per_link > 1).sum()),
+            "most_chunks_for_one_link": int(per_link.max()) if len(per_link) else 0,
+            "unplaced_sample": unplaced.head(5).astype(object).to_dict("records")}
 
 
 def chunk_gold(chunks: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFrame,
@@ -125,7 +139,9 @@ def chunk_gold(chunks: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataF
     Links: a link (query, doc, nugget, grade) of a one-chunk document goes to that chunk. For a document cut
     into several chunks it goes, with its grade (also a grade <= 0), to the chunk(s) holding the nugget's
     evidence by the lexical match of `holding_chunks` (the nugget's text in `nuggets`): the best-matching
-    chunks, all of them on a tie, every chunk of the document when none shares a word with the nugget.
+    chunks, all of them on a tie. A link the match cannot place (no chunk shares a word with the nugget, or
+    every chunk of the document matches alike) goes to no chunk, never to the whole document: `link_placement`
+    counts them.
 
     Qrels: each chunk of a judged document gets a row. It inherits the document's relevance, except that a
     chunk of a relevant document (relevance > 0) that received no positive link gets 0 when the query has a

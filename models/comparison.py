@@ -11,19 +11,22 @@ in selection order (rank 1 first); the exact oracles' selections are sets, liste
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from covlab.models.budgeted import (MMR, AdaGReS, Budget, CoverageGreedy, FacilityLocation, Pool, RelevanceOrder,
-                                    Selector)
-from covlab.models.lmvu import LMVU, LabelledPool, TrainedLMVU, train_lmvu
-from covlab.models.metrics import evaluate_run
-from covlab.models.oracles import rvc1_oracle, rvc2_oracle
+from covlab.models.lmvu import (FoldRanker, LMVUSettings, TrainedLMVU, fit_lmvu, fold_rankers,
+                                heldout_top1_accuracy, labelled_pools)
+from covlab.models.metrics import (ALPHA_NDCG, IOU, RANK_CUTOFF, REDUNDANCY, RVC1, RVC2, STRECALL, TOKENS,
+                                   evaluate_run)
+from covlab.models.protocol import EvaluationProtocol
+from covlab.models.registry import Report, SelectorSettings, method, methods
 from covlab.models.report import method_means
-from covlab.models.schemas import BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS, TOKEN_COUNTS
-from covlab.models.selection import ESTIMATED, Trust, query_matrix
+from covlab.models.runs import run_method
+from covlab.models.schemas import COMPARISON_FIGURES, ITEM_EMBEDDINGS, TOKEN_COUNTS
+from covlab.models.selection import QueryPool
+from covlab.models.selectors import Budget, check_token_budgets
 from covlab.models.statistics import paired_comparison
 from covlab.models.subquestions import split_sentences
 from covlab.models.viewpoints import iou, redundancy, rvc1, rvc2
@@ -35,70 +38,15 @@ from covlab.models.viewpoints import iou, redundancy, rvc1, rvc2
 SHORT_ITEM_MEDIAN_TOKENS = 64
 SHORT_ITEM_BUDGETS = (32, 64, 128, 256)
 LONG_ITEM_BUDGETS = (512, 1024, 2048)
-# Ranked-list measures of the selections that have a rank order (METHODS.md §5).
-RANK_CUTOFF = 10
-RATE_METRICS = ("rvc1", "rvc2", f"alpha_ndcg@{RANK_CUTOFF}", f"strecall@{RANK_CUTOFF}", "iou", "redundancy",
-                "tokens")
-# Metrics of the paired statistics and the baseline pairs they compare.
-PAIRED_METRICS = ("rvc1", "rvc2", f"alpha_ndcg@{RANK_CUTOFF}")
+# What the comparison measures of every selection: coverage of the viewpoints, the ranked-list measures of the
+# selections that have a rank order (METHODS.md §5), and the selection's overlap, redundancy and cost.
+RANKED = (ALPHA_NDCG @ RANK_CUTOFF, STRECALL @ RANK_CUTOFF)
+RATE_METRICS = tuple(str(m) for m in (RVC1, RVC2, *RANKED, IOU, REDUNDANCY, TOKENS))
+# Metrics of the paired statistics.
+PAIRED_METRICS = tuple(str(m) for m in (RVC1, RVC2, ALPHA_NDCG @ RANK_CUTOFF))
 ATOM_MIN_WORDS = 3  # a sentence of fewer words is not an atom of its own (models/subquestions.split_sentences)
-
-
-@dataclass(frozen=True)
-class BudgetedMethod:
-    """One method of the comparison. covers: the coverage matrix its selector reads (None; "estimated": the
-    estimator over the subquestions; "estimated_gold": the estimator over the gold nuggets; "gold": the gold
-    links); oracle: "rvc1"/"rvc2" for the exact oracles (sets, no rank order); trained: refit per fold under
-    topic-grouped cross-validation."""
-    name: str
-    description: str
-    covers: str | None = None
-    oracle: str | None = None
-    trained: bool = False
-
-    @property
-    def ordered(self) -> bool:
-        return self.oracle is None
-
-
-BUDGETED_METHODS = (
-    BudgetedMethod("relevance", "relevance order: add by cosine to the query while items fit"),
-    BudgetedMethod("mmr", "MMR, lambda from evaluation.mmr_lambda (METHODS.md §5)"),
-    BudgetedMethod("facloc", "facility location, cost-scaled greedy or the best single item (METHODS.md §5)"),
-    BudgetedMethod("adagres", "AdaGReS with the adaptive beta* (METHODS.md §3)"),
-    BudgetedMethod("lmvu", "LMVU: the learned linear ranker of marginal viewpoint gain (METHODS.md §2)",
-                   trained=True),
-    BudgetedMethod("coverage_greedy", "greedy coverage per token on the estimated matrix at tau",
-                   covers="estimated"),
-    BudgetedMethod("coverage_greedy_soft", "soft greedy coverage per token on the estimated probabilities",
-                   covers="estimated"),
-    BudgetedMethod("gold_nugget_bound", "greedy coverage per token on the estimator's gold-nugget matrix at tau",
-                   covers="estimated_gold"),
-    BudgetedMethod("gold_nugget_bound_soft", "soft greedy per token on the estimator's gold-nugget probabilities",
-                   covers="estimated_gold"),
-    BudgetedMethod("oracle_greedy", "greedy coverage per token on the gold matrix", covers="gold"),
-    BudgetedMethod("oracle_rvc1", "the exact RVC1 oracle (bitmask DP)", covers="gold", oracle="rvc1"),
-    BudgetedMethod("oracle_rvc2", "the exact RVC2 oracle (DP over {0,1,2}^|V|)", covers="gold", oracle="rvc2"),
-)
-METHOD = {method.name: method for method in BUDGETED_METHODS}
-
-
-def method_selector(method: BudgetedMethod, *, mmr_lambda: float, tau: float,
-                    ranker: LMVU | None = None) -> Selector:
-    """The selector object of a (non-oracle) method."""
-    if method.oracle is not None:
-        raise ValueError(f"{method.name} is an exact oracle, not a greedy selector; use oracle_selections")
-    soft = method.name.endswith("_soft")
-    return {"relevance": lambda: RelevanceOrder(), "mmr": lambda: MMR(mmr_lambda),
-            "facloc": lambda: FacilityLocation(), "adagres": lambda: AdaGReS(), "lmvu": lambda: _ranker(ranker),
-            "oracle_greedy": lambda: CoverageGreedy(soft=False, tau=1.0)}.get(
-        method.name, lambda: CoverageGreedy(soft=soft, tau=tau))()
-
-
-def _ranker(ranker: LMVU | None) -> LMVU:
-    if ranker is None:
-        raise ValueError("lmvu needs a trained ranker (the lmvu_ranker asset, or one fit per fold)")
-    return ranker
+# How item embeddings are encoded (the budgeted selections' and the serving path's): texts per batch, tokens per text.
+ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH = 64, 256
 
 
 def default_token_budgets(token_counts: pd.DataFrame) -> tuple[int, ...]:
@@ -110,6 +58,13 @@ def default_token_budgets(token_counts: pd.DataFrame) -> tuple[int, ...]:
     return SHORT_ITEM_BUDGETS if short else LONG_ITEM_BUDGETS
 
 
+def atom_sentences(text: str) -> list[str]:
+    """A document's sentence-level atoms (LMVU, METHODS.md §2): its sentences of ATOM_MIN_WORDS words or more when
+    it has two or more, else none (the document is its own single atom)."""
+    sentences = split_sentences(text, min_words=ATOM_MIN_WORDS)
+    return sentences if len(sentences) > 1 else []
+
+
 def pooled_texts(pools: pd.DataFrame, queries: pd.DataFrame, texts: Mapping[str, str]) -> pd.DataFrame:
     """What item_embeddings encodes: (kind, item_id, atom, text) for every pooled query and document and the
     sentences of pooled documents that have two or more (ATOM_MIN_WORDS words at least)."""
@@ -117,9 +72,7 @@ def pooled_texts(pools: pd.DataFrame, queries: pd.DataFrame, texts: Mapping[str,
     rows = [("query", q, 0, query_text[q]) for q in sorted(set(pools["query_id"]))]
     for doc_id in sorted(set(pools["doc_id"])):
         rows.append(("document", doc_id, 0, texts[doc_id]))
-        sentences = split_sentences(texts[doc_id], min_words=ATOM_MIN_WORDS)
-        if len(sentences) > 1:
-            rows += [("atom", doc_id, i, s) for i, s in enumerate(sentences)]
+        rows += [("atom", doc_id, i, s) for i, s in enumerate(atom_sentences(texts[doc_id]))]
     return pd.DataFrame(rows, columns=["kind", "item_id", "atom", "text"])
 
 
@@ -140,236 +93,9 @@ def pool_token_counts(pools: pd.DataFrame, texts: Mapping[str, str], count: Call
                                 source="token_counts")
 
 
-@dataclass(frozen=True, eq=False)
-class QueryPool:
-    """One query's pool as the budgeted selectors see it (`pool`, documents in pool-rank order `doc_ids`),
-    with its gold viewpoint matrix (pool documents x the query's nuggets, bool) kept beside it, never in it:
-    only the methods that are defined on gold labels get it as their covers."""
-    query_id: str
-    split: str
-    topic: str
-    doc_ids: np.ndarray
-    pool: Pool
-    gold: np.ndarray | None
-
-    def labelled(self) -> LabelledPool:
-        return LabelledPool(self.query_id, self.pool, self.gold_labels())
-
-    def with_covers(self, covers: np.ndarray) -> Pool:
-        return replace(self.pool, covers=covers)
-
-    def gold_labels(self) -> np.ndarray:
-        if self.gold is None:
-            raise ValueError(f"query {self.query_id!r}: built without nuggets, so it has no gold matrix")
-        return self.gold
-
-
-def query_pools(pools: pd.DataFrame, queries: pd.DataFrame, embeddings: pd.DataFrame, tokens: pd.DataFrame,
-                corpus: pd.DataFrame, query_ids: Iterable[str], nuggets: pd.DataFrame | None = None,
-                nugget_links: pd.DataFrame | None = None) -> dict[str, QueryPool]:
-    """A QueryPool for each of `query_ids` that has a pool, from a POOLS table (pool order = rank), the
-    ITEM_EMBEDDINGS and TOKEN_COUNTS tables and the corpus (source units). With nuggets and their links, each
-    carries its gold matrix (a link of grade >= 1 covers)."""
-    wanted = set(query_ids)
-    vectors = {(k, i): v for k, i, a, v in embeddings[["kind", "item_id", "atom", "vector"]].itertuples(index=False)
-               if k != "atom"}
-    atoms: dict[str, list] = {}
-    for item_id, vector in embeddings.loc[embeddings["kind"] == "atom"].sort_values(["item_id", "atom"])[
-            ["item_id", "vector"]].itertuples(index=False):
-        atoms.setdefault(item_id, []).append(vector)
-    cost = dict(zip(tokens["doc_id"], tokens["tokens"]))
-    unit = dict(zip(corpus["doc_id"], corpus["source_unit"]))
-    meta = queries.set_index("query_id")[["split", "topic"]]
-    gold_of = _gold_matrices(nuggets, nugget_links) if nuggets is not None else None
-    out = {}
-    ranked = pools[pools["query_id"].isin(wanted)].sort_values(["query_id", "rank"], kind="stable")
-    for query_id, rows in ranked.groupby("query_id", sort=True):
-        doc_ids = rows["doc_id"].to_numpy(dtype=object)
-        missing = [d for d in doc_ids if ("document", d) not in vectors or d not in cost]
-        if ("query", query_id) not in vectors or missing:
-            what = f"document {missing[0]!r}" if missing else "the query itself"
-            raise ValueError(f"query {query_id!r}: {what} has no embedding or token count; re-materialize "
-                             "item_embeddings and token_counts for the current pools")
-        atom_rows = [atoms.get(d, [vectors[("document", d)]]) for d in doc_ids]
-        pool = Pool(embeddings=np.stack([vectors[("document", d)] for d in doc_ids]),
-                    query=np.asarray(vectors[("query", query_id)]),
-                    tokens=np.array([cost[d] for d in doc_ids], dtype=np.int64),
-                    source_units=np.array([unit[d] for d in doc_ids], dtype=object),
-                    atoms=np.concatenate([np.stack(a) for a in atom_rows]),
-                    atom_items=np.repeat(np.arange(len(doc_ids)), [len(a) for a in atom_rows]))
-        gold = gold_of(query_id, doc_ids) if gold_of is not None else None
-        out[query_id] = QueryPool(query_id, str(meta.at[query_id, "split"]), str(meta.at[query_id, "topic"]),
-                                  doc_ids, pool, gold)
-    return out
-
-
-def _gold_matrices(nuggets: pd.DataFrame, nugget_links: pd.DataFrame):
-    nuggets_of = nuggets.groupby("query_id")["nugget_id"].apply(lambda s: sorted(s))
-    links = nugget_links[nugget_links["grade"] >= 1]
-    linked = set(map(tuple, links[["query_id", "doc_id", "nugget_id"]].itertuples(index=False)))
-
-    def gold(query_id: str, doc_ids: np.ndarray) -> np.ndarray:
-        viewpoints = nuggets_of.get(query_id, [])
-        return np.array([[(query_id, d, v) in linked for v in viewpoints] for d in doc_ids], dtype=bool).reshape(
-            len(doc_ids), len(viewpoints))
-
-    return gold
-
-
 def resolve_budgets(configured: Sequence[int], token_counts: pd.DataFrame) -> tuple[int, ...]:
     """The configured token budgets (distinct, ascending), or the dataset's default when none are configured."""
-    budgets = tuple(sorted(set(configured))) or default_token_budgets(token_counts)
-    bad = [b for b in budgets if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1]
-    if bad:
-        raise ValueError(f"token budgets must be positive integers; got {bad}")
-    return budgets
-
-
-def evaluated_query_ids(queries: pd.DataFrame, pools: pd.DataFrame, protocol: str, splits: Sequence[str]
-                        ) -> list[str]:
-    """The pooled queries a budgeted selection selects for: those of `splits` under the split protocol, every
-    pooled query under grouped_cv (each is evaluated once, in its fold)."""
-    pooled = set(pools["query_id"])
-    if protocol == "grouped_cv":
-        return sorted(pooled)
-    if protocol != "split":
-        raise ValueError(f"unknown protocol {protocol!r}; expected 'split' or 'grouped_cv'")
-    return sorted(pooled & set(queries.loc[queries["split"].isin(list(splits)), "query_id"]))
-
-
-def select_budgeted(query_pools: Mapping[str, QueryPool], selector: Selector | Callable[[str], Selector],
-                    budgets: Sequence[int], covers: Callable[[QueryPool], np.ndarray] | None = None) -> pd.DataFrame:
-    """BUDGETED_SELECTIONS of `selector` (or a function query_id -> selector, as per-fold rankers need) at
-    every token budget over every pool; `covers` gives a pool's coverage matrix for the coverage family."""
-    rows = []
-    for query_id, query_pool in sorted(query_pools.items()):
-        pool = query_pool.pool if covers is None else query_pool.with_covers(covers(query_pool))
-        select = selector(query_id) if not isinstance(selector, Selector) else selector
-        for budget in budgets:
-            chosen = select(pool, Budget(tokens=int(budget)))
-            rows += [(query_id, budget, rank, query_pool.doc_ids[i]) for rank, i in enumerate(chosen, start=1)]
-    return _selections(rows)
-
-
-def run_method(method: BudgetedMethod, query_pools: Mapping[str, QueryPool], budgets: Sequence[int], *,
-               mmr_lambda: float, tau: float, ranker: LMVU | None = None, coverage: pd.DataFrame | None = None,
-               trust: Trust | None = None) -> tuple[pd.DataFrame, dict]:
-    """One method's BUDGETED_SELECTIONS over `query_pools` and what decided it (JSON-ready details).
-
-    - exact oracles: oracle_selections (refused queries listed in the details);
-    - "gold" covers: the gold matrix; "estimated"/"estimated_gold": the long-form `coverage` table
-      (query_id, doc_id, subq_id, probability) over the queries it holds, and only while the estimator is
-      trusted (`trust`, models/selection.estimator_trusted): below the gate the method keeps relevance order
-      on those queries and says fell_back;
-    - the others: their selector (`method_selector`)."""
-    if method.oracle is not None:
-        table, refused = oracle_selections(query_pools, method.oracle, budgets)
-        return table, {"oracle_refused": [{"query_id": r.query_id, "reason": r.reason} for r in refused]}
-    selector = method_selector(method, mmr_lambda=mmr_lambda, tau=tau, ranker=ranker)
-    if method.covers == "gold":
-        return select_budgeted(query_pools, selector, budgets, covers=lambda p: p.gold_labels().astype(float)), {}
-    if method.covers is None:
-        return select_budgeted(query_pools, selector, budgets), {}
-    if coverage is None or trust is None:
-        raise ValueError(f"{method.name} reads an estimated coverage matrix: give coverage and the estimator's trust")
-    rows_of = dict(tuple(coverage.groupby("query_id", sort=False)))
-    estimated = {q: p for q, p in query_pools.items() if q in rows_of}
-    details = {"fell_back": not trust.trusted, "estimator_gate": trust.reason, "queries": len(estimated)}
-    if not trust.trusted:
-        return select_budgeted(estimated, RelevanceOrder(), budgets), details
-    return select_budgeted(estimated, selector, budgets,
-                           covers=lambda p: query_matrix(p.doc_ids, rows_of[p.query_id], ESTIMATED)), details
-
-
-@dataclass(frozen=True)
-class OracleRefusal:
-    """A query whose viewpoint inventory is too large for an exact DP, with the oracle's message."""
-    query_id: str
-    reason: str
-
-
-def oracle_selections(query_pools: Mapping[str, QueryPool], which: str, budgets: Sequence[int]
-                      ) -> tuple[pd.DataFrame, list[OracleRefusal]]:
-    """The exact `which` ("rvc1" or "rvc2") oracle's item set at every budget (models/oracles.py), in pool
-    order, over the gold matrices. Queries without viewpoints have no RVC and are skipped; queries whose
-    inventory the DP refuses are listed with the reason, never approximated."""
-    oracle = {"rvc1": lambda p, b: rvc1_oracle(p.gold, p.pool.tokens, b, query_id=p.query_id),
-              "rvc2": lambda p, b: rvc2_oracle(p.gold, p.pool.tokens, p.pool.source_units, b,
-                                               query_id=p.query_id)}[which]
-    rows, refused = [], []
-    for query_id, query_pool in sorted(query_pools.items()):
-        if query_pool.gold_labels().shape[1] == 0:
-            continue
-        try:
-            results = [(budget, oracle(query_pool, int(budget))) for budget in budgets]
-        except ValueError as error:
-            refused.append(OracleRefusal(query_id, str(error)))
-            continue
-        rows += [(query_id, budget, rank, query_pool.doc_ids[i])
-                 for budget, result in results for rank, i in enumerate(result.items, start=1)]
-    return _selections(rows), refused
-
-
-def _selections(rows: list[tuple]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=list(BUDGETED_SELECTIONS.columns))
-    return BUDGETED_SELECTIONS.conform(frame, source="budgeted selections")
-
-
-def topic_folds(queries: pd.DataFrame, n_folds: int, seed: int) -> dict[str, int]:
-    """query_id -> fold (0..n_folds-1) for topic-grouped cross-validation: the queries of one topic share a
-    fold; topics are shuffled with `seed`, then each goes to the fold holding the fewest queries so far
-    (ties to the lower fold), so folds are balanced in queries."""
-    topics = queries.groupby("topic", sort=True)["query_id"].apply(list)
-    if not 2 <= n_folds <= len(topics):
-        raise ValueError(f"topic-grouped cross-validation needs 2 <= folds <= topics; got {n_folds} folds for "
-                         f"{len(topics)} topics")
-    order = np.random.default_rng(seed).permutation(len(topics))
-    sizes = np.zeros(n_folds, dtype=int)
-    fold_of = {}
-    for position in order:
-        fold = int(np.argmin(sizes))
-        for query_id in topics.iloc[position]:
-            fold_of[query_id] = fold
-        sizes[fold] += len(topics.iloc[position])
-    return fold_of
-
-
-@dataclass(frozen=True)
-class FoldRanker:
-    """The LMVU ranker of one cross-validation fold: trained on `train`, C chosen on `dev` (another fold of
-    the training topics), applied to the queries of `fold`."""
-    fold: int
-    trained: TrainedLMVU
-    train: tuple[str, ...]
-    dev: tuple[str, ...]
-
-
-def cross_validated_lmvu(query_pools: Mapping[str, QueryPool], folds: Mapping[str, int], budgets: Sequence[int],
-                         fit: Callable[[list[LabelledPool], list[LabelledPool]], TrainedLMVU]
-                         ) -> tuple[pd.DataFrame, list[FoldRanker]]:
-    """LMVU under topic-grouped cross-validation: for each fold f, a ranker fit on the other folds (C chosen
-    on fold f + 1 mod K, trained on the rest; `fit(train, dev)`) selects for the queries of fold f, so every
-    query is selected once by a ranker that never saw its topic."""
-    n_folds = max(folds.values()) + 1
-    rankers = []
-    for fold in range(n_folds):
-        dev_fold = (fold + 1) % n_folds
-        train = [q for q in sorted(query_pools) if folds[q] not in (fold, dev_fold)]
-        dev = [q for q in sorted(query_pools) if folds[q] == dev_fold]
-        trained = fit(labelled_pools(query_pools, train), labelled_pools(query_pools, dev))
-        rankers.append(FoldRanker(fold, trained, tuple(train), tuple(dev)))
-    selections = select_budgeted(query_pools, lambda q: LMVU(rankers[folds[q]].trained.ranker), budgets)
-    return selections, rankers
-
-
-def labelled_pools(query_pools: Mapping[str, QueryPool], query_ids: Iterable[str]) -> list[LabelledPool]:
-    """The LabelledPools of `query_ids` that have viewpoints (a query without any has no true gain)."""
-    return [query_pools[q].labelled() for q in query_ids if query_pools[q].gold_labels().shape[1]]
-
-
-def fit_lmvu(budgets: Sequence[int], **settings) -> Callable[[list[LabelledPool], list[LabelledPool]], TrainedLMVU]:
-    """`train_lmvu` at the token budgets of the comparison, with the given training settings."""
-    return lambda train, dev: train_lmvu(train, dev, [Budget(tokens=int(b)) for b in budgets], **settings)
+    return tuple(sorted(set(check_token_budgets(configured)))) or default_token_budgets(token_counts)
 
 
 def comparison_figures(selections: Mapping[str, pd.DataFrame], query_pools: Mapping[str, QueryPool],
@@ -386,15 +112,15 @@ def comparison_figures(selections: Mapping[str, pd.DataFrame], query_pools: Mapp
     rows = []
     no_qrels = pd.DataFrame({"query_id": [], "doc_id": [], "relevance": []})
     for name, table in sorted(selections.items()):
-        method = METHOD[name]
-        measured = (sorted(set(table["query_id"])) if method.oracle or method.covers in ("estimated", "estimated_gold")
+        entry = method(name)
+        measured = (sorted(set(table["query_id"])) if not entry.ordered or entry.coverage.estimated
                     else sorted(query_pools))
         chosen = {(q, b): r.sort_values("rank")["doc_id"].tolist()
                   for (q, b), r in table.groupby(["query_id", "budget"])}
         for budget in sorted(set(table["budget"])):
             for query_id in measured:
                 rows += _set_measures(name, int(budget), query_pools[query_id], chosen.get((query_id, budget), []))
-            if method.ordered:
+            if entry.ordered:
                 run = table[(table["budget"] == budget) & table["query_id"].isin(measured)]
                 ranked = evaluate_run(run, nugget_links, no_qrels, k=RANK_CUTOFF, alpha=alpha)
                 ranked = ranked[ranked["metric"].isin(RATE_METRICS)]
@@ -402,7 +128,7 @@ def comparison_figures(selections: Mapping[str, pd.DataFrame], query_pools: Mapp
                 rows += [(name, int(budget), q, query_pools[q].split, m, v)
                          for q, m, v in ranked[["query_id", "metric", "value"]].itertuples(index=False)]
                 rows += [(name, int(budget), q, query_pools[q].split, m, 0.0) for q in measured if q not in scored
-                         for m in (f"alpha_ndcg@{RANK_CUTOFF}", f"strecall@{RANK_CUTOFF}")]
+                         for m in map(str, RANKED)]
     frame = pd.DataFrame(rows, columns=list(COMPARISON_FIGURES.columns))
     return COMPARISON_FIGURES.conform(frame, source="comparison_figures")
 
@@ -411,20 +137,21 @@ def _set_measures(method: str, budget: int, query_pool: QueryPool, doc_ids: list
     index = {d: i for i, d in enumerate(query_pool.doc_ids)}
     chosen = np.array([index[d] for d in doc_ids], dtype=np.int64)
     pool, gold = query_pool.pool, query_pool.gold_labels()
-    values = {"tokens": float(pool.tokens[chosen].sum()), "redundancy": redundancy(pool.embeddings, chosen)}
+    values = {str(TOKENS): float(pool.tokens[chosen].sum()), str(REDUNDANCY): redundancy(pool.embeddings, chosen)}
     evidence = query_pool.doc_ids[gold.any(axis=1)]
     if len(chosen) or len(evidence):
-        values["iou"] = iou(doc_ids, evidence)
+        values[str(IOU)] = iou(doc_ids, evidence)
     if gold.shape[1]:
-        values["rvc1"] = rvc1(gold, chosen)
-        values["rvc2"] = rvc2(gold, pool.source_units, chosen)
+        values[str(RVC1)] = rvc1(gold, chosen)
+        values[str(RVC2)] = rvc2(gold, pool.source_units, chosen)
     return [(method, budget, query_pool.query_id, query_pool.split, metric, value)
             for metric, value in values.items()]
 
 
-def method_rvc1(method: BudgetedMethod, query_pools: Mapping[str, QueryPool], budgets: Sequence[int],
-                nugget_links: pd.DataFrame, *, alpha: float, **settings) -> tuple[float, dict[int, float]]:
-    """One method's RVC1 as the comparison reports it: its selections (`run_method` with `settings`) over
+def method_rvc1(name: str, query_pools: Mapping[str, QueryPool], budgets: Sequence[int],
+                nugget_links: pd.DataFrame, settings: SelectorSettings, *, alpha: float,
+                model: object = None) -> tuple[float, dict[int, float]]:
+    """One method's RVC1 as the comparison reports it: its selections (models/runs.run_method) over
     `query_pools` (of one split) measured by `comparison_figures` and averaged over the queries with
     viewpoints per budget (models/report.method_means); (the mean over `budgets` of those means, budget ->
     mean; NaN where no query has viewpoints). The LMVU ranker's dev score for champion promotion, on the tune
@@ -432,11 +159,46 @@ def method_rvc1(method: BudgetedMethod, query_pools: Mapping[str, QueryPool], bu
     splits = sorted({p.split for p in query_pools.values()})
     if len(splits) > 1:
         raise ValueError(f"method_rvc1 scores the pools of one split; got {splits}")
-    table, _ = run_method(method, query_pools, budgets, **settings)
-    means = method_means(comparison_figures({method.name: table}, query_pools, nugget_links, alpha))
-    rvc1_means = means[means["metric"] == "rvc1"].set_index("budget")["value"]
+    run = run_method(method(name), query_pools, [Budget(tokens=int(b)) for b in budgets], settings, model=model)
+    means = method_means(comparison_figures({name: run.table}, query_pools, nugget_links, alpha))
+    rvc1_means = means[means["metric"] == str(RVC1)].set_index("budget")["value"]
     by_budget = {int(b): float(rvc1_means.get(b, np.nan)) for b in budgets}
     return float(np.mean(list(by_budget.values()))), by_budget
+
+
+@dataclass(frozen=True, eq=False)
+class LMVUTraining:
+    """The LMVU ranker's training (`train_lmvu_ranker`): the ranker fit on train with C chosen on the tune
+    split, its held-out top-1 accuracy against chance on the tune split (its promotion gate), the mean RVC1 of
+    its selections there (its promotion score) per budget, and under cross-validation one ranker per fold."""
+    trained: TrainedLMVU
+    top1: float
+    chance: float
+    dev_rvc1: float
+    dev_rvc1_by_budget: dict[int, float]
+    folds: list[FoldRanker]
+
+
+def train_lmvu_ranker(pools: Mapping[str, QueryPool], protocol: EvaluationProtocol, budgets: Sequence[int],
+                      settings: LMVUSettings, selector_settings: SelectorSettings, nugget_links: pd.DataFrame,
+                      queries: pd.DataFrame, alpha: float) -> LMVUTraining:
+    """LMVU's training as the comparison uses it (METHODS.md §2): on the train split's pools, C chosen on the
+    tune split's; its gate and dev score on the tune split; under grouped_cv also a ranker per topic-grouped
+    fold of `protocol` over the pooled queries, which the budgeted selection applies to each fold's queries."""
+    by_budget = [Budget(tokens=int(b)) for b in budgets]
+    split_ids = {name: [q for q, p in pools.items() if p.split == name] for name in ("train", protocol.tune_split)}
+    trained = fit_lmvu(pools, split_ids["train"], split_ids[protocol.tune_split], by_budget, settings)
+    tune = labelled_pools(pools, split_ids[protocol.tune_split])
+    top1, chance = heldout_top1_accuracy(trained.ranker, tune, by_budget, states_per_query=settings.states_per_query,
+                                         seed=settings.seed)
+    tune_pools = {q: pools[q] for q in split_ids[protocol.tune_split]}
+    dev_rvc1, dev_by_budget = method_rvc1("lmvu", tune_pools, budgets, nugget_links, selector_settings, alpha=alpha,
+                                          model=trained.ranker)
+    folds = []
+    if protocol.cross_validated:
+        plan = protocol.fold_plan(queries[queries["query_id"].isin(set(pools))])
+        folds = fold_rankers(pools, plan, by_budget, settings)
+    return LMVUTraining(trained, top1, chance, dev_rvc1, dev_by_budget, folds)
 
 
 def summary_table(figures: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
@@ -455,7 +217,7 @@ def headroom_table(figures: pd.DataFrame) -> pd.DataFrame:
     """Exact oracle minus method per (method, budget), for RVC1 (against oracle_rvc1) and RVC2 (against
     oracle_rvc2), averaged over the queries both have (queries the oracle refused are left out)."""
     frames = []
-    for metric, oracle in (("rvc1", "oracle_rvc1"), ("rvc2", "oracle_rvc2")):
+    for metric, oracle in ((str(RVC1), "oracle_rvc1"), (str(RVC2), "oracle_rvc2")):
         rows = figures[figures["metric"] == metric]
         best = rows[rows["method"] == oracle].set_index(["budget", "query_id"])["value"].rename("oracle")
         joined = rows[~rows["method"].isin(["oracle_rvc1", "oracle_rvc2"])].join(best, on=["budget", "query_id"],
@@ -498,20 +260,22 @@ def compare(selections: Mapping[str, pd.DataFrame], query_pools: Mapping[str, Qu
     """Every method's selections over the pools of `query_pools` (the reported queries) measured, averaged,
     set against the exact oracles and compared pairwise (`comparison_pairs`)."""
     reported = {name: table[table["query_id"].isin(set(query_pools))] for name, table in selections.items()}
+    if baseline not in reported:
+        raise ValueError(f"the baseline {baseline!r} is not among the compared methods {sorted(reported)}")
+    if reported[baseline].empty:
+        raise ValueError(f"the baseline {baseline!r} selected nothing for the {len(query_pools)} reported queries "
+                         "at any budget: no paired statistics without it (is every budget below every item's "
+                         "token count?)")
     figures = comparison_figures(reported, query_pools, nugget_links, alpha)
-    names = [m.name for m in BUDGETED_METHODS if m.name in reported]
+    names = [m.name for m in methods(Report.COMPARISON) if m.name in reported]
     return Comparison(figures, summary_table(figures, names), headroom_table(figures),
                       paired_table(figures, comparison_pairs(names, baseline), seed))
 
 
-def method_protocols(protocol: str, splits: Sequence[str], tune_split: str) -> dict[str, str]:
-    """How each method met its training data under `protocol` (for the report)."""
-    estimated = f"standard split: the estimator trained on train, selections for {'/'.join(splits)} queries only"
-    trained = ("refit per topic-grouped fold (C chosen on another fold of the training topics)"
-               if protocol == "grouped_cv" else f"fit on train, C chosen on {tune_split}")
-    return {m.name: (trained if m.trained else estimated if m.covers in ("estimated", "estimated_gold")
-                     else "gold labels (bound)" if m.covers == "gold" else "no training")
-            for m in BUDGETED_METHODS}
+def method_protocols(protocol: EvaluationProtocol) -> dict[str, str]:
+    """How each method of the comparison met its training data under `protocol` (for the report)."""
+    return {m.name: "gold labels (bound)" if m.bound else protocol.describe(m.trained is not None, m.coverage.estimated)
+            for m in methods(Report.COMPARISON)}
 
 
 def comparison_pairs(methods: Iterable[str], baseline: str = "relevance") -> list[tuple[str, str]]:

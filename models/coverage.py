@@ -166,18 +166,6 @@ def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_d
     return score
 
 
-def load_first_stage(path_or_name: str, *, batch_size: int, max_length: int, device, autocast_dtype=None,
-                     progress: Callable[[str], None] | None = None) -> Callable[[list[str]], np.ndarray]:
-    """A bi-encoder (any saved one, e.g. the coverage bi-encoder, or a Hugging Face path or name) as a
-    function texts -> unit vectors: the first stage of `estimate_coverage_pruned`, and the window scorer of
-    models/windows.py."""
-    from covlab.models.biencoder import encode, load_biencoder
-
-    model, tokenizer, _ = load_biencoder(path_or_name, device)
-    return lambda texts: encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
-                                autocast_dtype=autocast_dtype, progress=progress)
-
-
 def rank_pool_by(pools: pd.DataFrame, scores: pd.DataFrame, column: str) -> pd.DataFrame:
     """The pool re-ranked by a score column of POOL_SCORES (ties by the original rank): the order that
     breaks ties and fills the rest in greedy selection."""

@@ -4,8 +4,8 @@
 Training [chosen details]: binary cross-entropy on the logit, AdamW with linear warmup and decay, early
 stopping on dev ROC-AUC keeping the best epoch's weights, with each epoch's dev Brier score and expected
 calibration error recorded beside it (how far p reads as a probability, which tau relies on); batches are
-shuffled but hold pairs of similar length (encoders.shuffled_length_batches), which on ArgKP spares a third of
-the padded compute. Labels are [rating >= 4] of the judged pairs (or gold nugget links, `gold_coverage_pairs`).
+shuffled but hold pairs of similar length (encoders.shuffled_length_batches), so little compute goes to
+padding. Labels are [rating >= 4] of the judged pairs (or gold nugget links, `gold_coverage_pairs`).
 On CPU the same seed gives bit-identical weights. A pair longer than max_length reads its document's best
 window (models/windows.py) when a WindowSelection is given; the selection is saved with the model, so scoring
 reads the same way.

@@ -1,6 +1,6 @@
 """LMVU, the learned marginal viewpoint utility ranker (METHODS.md §2 "Ranker", "Allocation"): a linear scorer
 over 18 runtime-visible features of (candidate, current selection state, budget), trained pairwise on the
-true marginal gain in gold viewpoints, and allocated greedily under a k or token budget (models/budgeted.py).
+true marginal gain in gold viewpoints, and allocated greedily under a k or token budget (models/selectors.py).
 
 Features (FEATURE_NAMES, in FEATURE_GROUPS [chosen], METHODS.md §2). "cost" is the item's cost in budget units
 (its tokens under a token budget, 1 under a k budget); S is the current selection; cosines are dot products of
@@ -43,13 +43,18 @@ relevance, tokens and atoms only, never `covers` or `source_units`; the gold mat
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from covlab.models.budgeted import Budget, Pool, RelevanceOrder, _budgeted_greedy, _fill, _relevance_order
+from covlab.models.protocol import Fold
+from covlab.models.selection import QueryPool
+from covlab.models.selectors import (Budget, GreedySteps, Pool, RelevanceOrder, Selection, fill, greedy,
+                                     relevance_order, run_greedy)
 from covlab.models.viewpoints import viewpoint_matrix
 
 FEATURE_GROUPS: Mapping[str, tuple[str, ...]] = {
@@ -70,10 +75,8 @@ NOVEL_ATOM = 0.5
 SPAN_TOLERANCE = 1e-8
 # How the true marginal gain of a candidate is measured in training: newly covered gold viewpoints, or those
 # per unit of budget (per token under a token budget; the same as "viewpoints" under a k budget).
-# [chosen] default per token: trained on ArgKP-2021 train (all-MiniLM-L6-v2 embeddings, budgets 32/64/128
-# tokens, 3 seeds), LMVU reached a mean dev RVC1 of 0.52-0.60 with it and 0.28-0.33 with plain viewpoints
-# (relevance order 0.35, FacLoc 0.53); a token budget rewards cheap novel items, which only the per-token
-# gain teaches.
+# [chosen] default per token: a token budget rewards cheap novel items, which only the per-token gain teaches
+# (the README gives the dev RVC1 of both gains on ArgKP).
 GAINS = ("viewpoints", "viewpoints_per_token")
 DEFAULT_GAIN = "viewpoints_per_token"
 # Roll-in policies the training states are drawn from (see `sample_states`).
@@ -89,7 +92,7 @@ class SelectionState:
     def __init__(self, pool: Pool, budget: Budget):
         self.pool, self.budget = pool, budget
         n = pool.size
-        self.costs = budget.costs(pool.tokens)
+        self.costs = budget.costs(pool.tokens, pool.size)
         self.selected: list[int] = []
         self.used = 0
         self._is_selected = np.zeros(n, dtype=bool)
@@ -229,24 +232,23 @@ class LMVURanker:
 class LMVU:
     """LMVU allocation (METHODS.md §2 "Allocation"): each step, among the items that still fit, add the one the
     ranker scores highest at the current state (ties to the more relevant item, then the lower index, as every
-    greedy selector in models/budgeted.py), update the state, and stop when nothing fits or the pool is
-    exhausted. A `Selector`; never reads the pool's covers or source units."""
+    greedy selector in models/selectors.py), update the state, and stop when nothing fits or the pool is
+    exhausted. A greedy `Selector`; never reads the pool's covers or source units."""
     ranker: LMVURanker
 
     @property
     def name(self) -> str:
         return "lmvu"
 
-    def __call__(self, pool: Pool, budget: Budget) -> np.ndarray:
-        order = _relevance_order(pool)
+    def steps(self, pool: Pool, budget: Budget) -> GreedySteps:
+        pool.require("embeddings", self.name)
+        order = relevance_order(pool)
         state = SelectionState(pool, budget)
+        return GreedySteps(order, state.costs[order], lambda: self.ranker.scores(state.features())[order],
+                           lambda best: state.add(int(order[best])))
 
-        def add(best: int) -> None:
-            state.add(int(order[best]))
-
-        chosen, _ = _budgeted_greedy(state.costs[order], budget,
-                                     lambda: self.ranker.scores(state.features())[order], add)
-        return order[chosen]
+    def __call__(self, pool: Pool, budget: Budget) -> Selection:
+        return run_greedy(pool, self.steps(pool, budget), budget)
 
 
 @dataclass(frozen=True, eq=False)
@@ -277,6 +279,73 @@ class TrainedLMVU:
     def coefficients(self) -> dict[str, float]:
         """Feature name -> coefficient on the standardised feature."""
         return self.ranker.coefficients()
+
+
+@dataclass(frozen=True)
+class LMVUSettings:
+    """How the ranker is trained (METHODS.md §2 "Ranker"): the regularisation strengths C tried (the one with
+    the best dev pairwise accuracy is kept), the states sampled per query and budget, the candidate pairs
+    drawn per state, and the seed of all sampling."""
+    Cs: tuple[float, ...] = (0.1, 1.0, 10.0)
+    states_per_query: int = 10
+    max_pairs_per_state: int = 10
+    seed: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class FoldRanker:
+    """The LMVU ranker of one cross-validation fold (models/protocol.py `Fold`): trained on the fold's `train`
+    queries, C chosen on its `tune` queries, applied to its `evaluated` ones."""
+    fold: Fold
+    trained: TrainedLMVU
+
+
+RANKER_FILE = "lmvu_ranker.json"  # the ranker trained on the train split, in a registered model's directory
+FOLDS_FILE = "lmvu_fold_rankers.json"  # the per-fold rankers of topic-grouped cross-validation, beside it
+
+
+def save_rankers(folder: str | Path, ranker: LMVURanker, folds: Sequence[FoldRanker]) -> None:
+    """Write the ranker (RANKER_FILE) and, under cross-validation, every fold's ranker with its fold's queries
+    (FOLDS_FILE) into `folder`: what a registered LMVU model version holds."""
+    folder = Path(folder)
+    (folder / RANKER_FILE).write_text(json.dumps(ranker.to_dict(), indent=2))
+    if folds:
+        (folder / FOLDS_FILE).write_text(json.dumps([{**asdict(f.fold), "ranker": f.trained.ranker.to_dict()}
+                                                     for f in folds], indent=2))
+
+
+def load_rankers(folder: str | Path) -> tuple[LMVURanker, list[tuple[Fold, LMVURanker]]]:
+    """The ranker and the fold rankers `save_rankers` wrote (no folds: trained under the split protocol)."""
+    folder = Path(folder)
+    ranker = LMVURanker.from_dict(json.loads((folder / RANKER_FILE).read_text()))
+    if not (folder / FOLDS_FILE).exists():
+        return ranker, []
+    folds = [(Fold(f["index"], tuple(f["train"]), tuple(f["tune"]), tuple(f["evaluated"])),
+              LMVURanker.from_dict(f["ranker"])) for f in json.loads((folder / FOLDS_FILE).read_text())]
+    return ranker, folds
+
+
+def labelled_pools(query_pools: Mapping[str, QueryPool], query_ids: Iterable[str]) -> list[LabelledPool]:
+    """The LabelledPools of `query_ids` among `query_pools` that have viewpoints (a query without any has no
+    true gain)."""
+    chosen = [query_pools[q] for q in query_ids if q in query_pools]
+    return [LabelledPool(p.query_id, p.pool, p.gold_labels()) for p in chosen if p.gold_labels().shape[1]]
+
+
+def fit_lmvu(query_pools: Mapping[str, QueryPool], train: Iterable[str], tune: Iterable[str],
+             budgets: Sequence[Budget], settings: LMVUSettings) -> TrainedLMVU:
+    """`train_lmvu` on the `train` queries' pools, C chosen on the `tune` queries', at `budgets`."""
+    return train_lmvu(labelled_pools(query_pools, train), labelled_pools(query_pools, tune), budgets,
+                      Cs=settings.Cs, states_per_query=settings.states_per_query,
+                      max_pairs_per_state=settings.max_pairs_per_state, seed=settings.seed)
+
+
+def fold_rankers(query_pools: Mapping[str, QueryPool], plan: Sequence[Fold], budgets: Sequence[Budget],
+                 settings: LMVUSettings) -> list[FoldRanker]:
+    """One ranker per fold of `plan` (topic-grouped cross-validation, models/protocol.py): fit on the fold's
+    train queries, C chosen on its tune fold, so each evaluated query is selected by a ranker that never saw
+    its topic."""
+    return [FoldRanker(fold, fit_lmvu(query_pools, fold.train, fold.tune, budgets, settings)) for fold in plan]
 
 
 def true_gain(gold: np.ndarray, state: SelectionState, items: np.ndarray, gain: str) -> np.ndarray:
@@ -310,12 +379,12 @@ def sample_states(pools: Sequence[LabelledPool], budgets: Sequence[Budget], stat
             for _ in range(states_per_query):
                 policy = roll_in[int(rng.integers(len(roll_in)))]
                 if policy == "random":
-                    costs = budget.costs(labelled.pool.tokens)
-                    walk = _fill(rng.permutation(labelled.pool.size), costs, budget, used=0, chosen=[])
+                    costs = budget.costs(labelled.pool.tokens, labelled.pool.size)
+                    walk = fill(rng.permutation(labelled.pool.size), costs, budget, used=0, chosen=[])
                 else:
                     if policy not in deterministic:
                         deterministic[policy] = (_gold_greedy(labelled, budget) if policy == "gold_greedy"
-                                                 else RelevanceOrder()(labelled.pool, budget))
+                                                 else RelevanceOrder()(labelled.pool, budget).items)
                     walk = deterministic[policy]
                 if not len(walk):
                     continue
@@ -412,16 +481,15 @@ def _pairs(pools: Sequence[LabelledPool], budgets: Sequence[Budget], states_per_
 def _gold_greedy(labelled: LabelledPool, budget: Budget) -> np.ndarray:
     """The gold greedy roll-in: each step the fitting item covering the most uncovered gold viewpoints per unit of
     budget (ties by relevance, then lower index), until no fitting item covers a new one."""
-    order = _relevance_order(labelled.pool)
-    costs = budget.costs(labelled.pool.tokens)[order]
+    order = relevance_order(labelled.pool)
+    costs = budget.costs(labelled.pool.tokens, labelled.pool.size)[order]
     covers = labelled.gold[order].astype(float)
     open_viewpoints = np.ones(covers.shape[1])
 
     def add(best: int) -> None:
         open_viewpoints[covers[best] > 0] = 0.0
 
-    chosen, _ = _budgeted_greedy(costs, budget, lambda: (covers @ open_viewpoints) / costs, add,
-                                 stop_at_nonpositive=True)
+    chosen, _, _ = greedy(costs, budget, lambda: (covers @ open_viewpoints) / costs, add, stop_at_nonpositive=True)
     return order[chosen]
 
 

@@ -3,11 +3,9 @@ bi-encoder fine-tuned to match subquestions to the documents that cover them, it
 probability by Platt scaling fitted on the dev pairs.
 
 Why beside the cross-encoder: the packaged MiniLM was pre-trained as a bi-encoder, so as a matcher it
-starts from a useful similarity (ArgKP dev ROC-AUC 0.63 untrained) where a cross-encoder head starts from
-nothing, and one encoding per text replaces one forward pass per pair. Measured on ArgKP (README): one
-epoch (15 min on 2 cores) selects for the key points about as well on dev as two cross-encoder epochs
-(34 min), and scores the coverage matrices 6-16x faster, but serves the grounded subquestions worse. A
-cheaper estimator, not a better one: the cross-encoder stays the default.
+starts from a useful similarity where a cross-encoder head starts from nothing, and one encoding per text
+replaces one forward pass per pair. A cheaper estimator, not a better one (the README and
+bench/estimator_matrix.py measure both): the cross-encoder stays the default.
 
 Training: InfoNCE (`biencoder.info_nce`) over groups anchor = subquestion, positive = a document covering
 it, negatives = documents of the same query judged not to cover it, plus the other queries' documents in

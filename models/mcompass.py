@@ -38,6 +38,7 @@ from torch import nn
 
 from covlab.models import prompts
 from covlab.models.encoders import seeded
+from covlab.models.protocol import Fold
 from covlab.models.topics import TopicBank, topic_vectors
 
 WEIGHTS_FILE = "student.safetensors"
@@ -316,9 +317,10 @@ def sample_pairs(query_ids: list[str], evidence: dict[str, set[str]], bm25_ranki
 
 @dataclass
 class TrainedStudent:
-    """A trained student and what its training measured: mean training loss per epoch, mean loss on the
-    held-out pairs and the held-out selection score per epoch (empty without them) and the epoch whose
-    weights were kept (1-based)."""
+    """A trained student and what its training measured: mean training loss per epoch (`epoch_losses[e - 1]`
+    for epoch e), and, where measured, the mean loss on the held-out pairs and the held-out selection score
+    by epoch, entry 0 the untrained student's (`dev_losses[e]`, `dev_scores[e]`); and the epoch whose weights
+    were kept: 0 for the initialisation itself, when no epoch did better on the held-out queries."""
     model: MCompassStudent
     epoch_losses: list[float] = field(default_factory=list)
     dev_losses: list[float] = field(default_factory=list)
@@ -368,11 +370,13 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
                   select: Callable[[MCompassStudent], float] | None = None,
                   on_epoch: Callable[[int, dict], None] | None = None) -> TrainedStudent:
     """Train a student on `pairs` (query_id, chunk_id, label, teacher_logit: NaN where no teacher) and keep
-    the weights of one epoch: the highest `select` score (held-out queries' retrieval, `heldout_ie`) when
-    given, else the lowest loss on `dev_pairs` (other queries' pairs) when given, else the last. Selection
-    matters: a few dozen training queries are memorised within a few epochs, and on Perspectrum's dev claims
-    the pair loss was lowest at epoch 3 while whole-corpus IE peaked at epoch 1 and fell below dense cosine's
-    by epoch 3. The same seed and inputs give identical weights on CPU (`seeded`). `on_epoch(epoch, figures)`
+    the weights of one epoch, the untrained student (epoch 0) among the candidates: the highest `select`
+    score (held-out queries' retrieval, `heldout_ie`) when given, else the lowest loss on `dev_pairs` (other
+    queries' pairs) when given, else the last. A student so never ends below its own initialisation on the
+    held-out queries it is chosen by (the initialisation ranks near dense cosine). Selection
+    matters: a few dozen training queries are memorised within a few epochs, and the held-out pair loss can
+    keep falling after whole-corpus retrieval has got worse (the README measures both rules). The same seed
+    and inputs give identical weights on CPU (`seeded`). `on_epoch(epoch, figures)`
     gets each epoch's (1-based) train_loss, and dev_loss and dev_score where measured, as soon as it ends."""
     if pairs.empty:
         raise ValueError("no training pairs: none of the training queries has evidence chunks")
@@ -384,7 +388,30 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
         optimizer = torch.optim.AdamW(model.parameters(), lr=training.learning_rate,
                                       weight_decay=training.weight_decay)
         trained, best = TrainedStudent(model), None
-        for epoch in range(training.epochs):
+
+        def measure(epoch: int, message: str) -> str:
+            """The held-out figures of the weights after `epoch` (0: untrained); keeps them if they are the best."""
+            nonlocal best
+            model.eval()
+            if dev is not None:
+                with torch.no_grad():
+                    trained.dev_losses.append(dev.loss(model, tensors, np.arange(len(dev.labels)), training).item())
+                message += f", held-out loss {trained.dev_losses[-1]:.4f}"
+            if select is not None:
+                trained.dev_scores.append(select(model))
+                message += f", held-out score {trained.dev_scores[-1]:.4f}"
+            improved = (trained.dev_scores[-1] > max(trained.dev_scores[:-1], default=-np.inf) if select is not None
+                        else dev is not None and trained.dev_losses[-1] < min(trained.dev_losses[:-1], default=np.inf))
+            if improved:
+                best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                trained.kept_epoch = epoch
+            return message
+
+        if dev is not None or select is not None:  # the initialisation is a candidate: training must beat it
+            message = measure(0, "student before training")
+            if progress:
+                progress(message)
+        for epoch in range(1, training.epochs + 1):
             model.train()
             order = torch.randperm(len(pairs), generator=generator).numpy()
             total = 0.0
@@ -396,26 +423,13 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
                 optimizer.step()
                 total += loss.item() * len(batch)
             trained.epoch_losses.append(total / len(order))
-            message = f"student epoch {epoch + 1}/{training.epochs}: loss {trained.epoch_losses[-1]:.4f}"
-            if dev is not None:
-                model.eval()
-                with torch.no_grad():
-                    trained.dev_losses.append(dev.loss(model, tensors, np.arange(len(dev.labels)), training).item())
-                message += f", held-out loss {trained.dev_losses[-1]:.4f}"
-            if select is not None:
-                trained.dev_scores.append(select(model))
-                message += f", held-out score {trained.dev_scores[-1]:.4f}"
-            improved = (trained.dev_scores[-1] > max(trained.dev_scores[:-1], default=-np.inf) if select is not None
-                        else dev is not None and trained.dev_losses[-1] < min(trained.dev_losses[:-1], default=np.inf))
-            if improved:
-                best = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                trained.kept_epoch = epoch + 1
+            message = measure(epoch, f"student epoch {epoch}/{training.epochs}: loss {trained.epoch_losses[-1]:.4f}")
             if progress:
                 progress(message)
             if on_epoch is not None:
-                on_epoch(epoch + 1, {"train_loss": trained.epoch_losses[-1],
-                                     **({"dev_loss": trained.dev_losses[-1]} if dev is not None else {}),
-                                     **({"dev_score": trained.dev_scores[-1]} if select is not None else {})})
+                on_epoch(epoch, {"train_loss": trained.epoch_losses[-1],
+                                 **({"dev_loss": trained.dev_losses[-1]} if dev is not None else {}),
+                                 **({"dev_score": trained.dev_scores[-1]} if select is not None else {})})
     if best is not None:
         model.load_state_dict(best)
     else:
@@ -495,66 +509,85 @@ def load_student(directory: str | Path, device: torch.device = torch.device("cpu
 
 
 def student_variants(settings: StudentSettings) -> dict[str, StudentSettings]:
-    """The student and its ablations (METHODS.md §4), by method name: without the selector (theta_q from the
-    topic model alone) and without the abstraction (mean pooling of the selected distributions)."""
-    return {"mcompass": settings, "mcompass_no_selector": replace(settings, selector=False),
+    """The student and its ablations (METHODS.md §4), by registry method name (models/registry.py): without
+    the selector (theta_q from the topic model alone) and without the abstraction (mean pooling of the
+    selected distributions)."""
+    return {STUDENT: settings, "mcompass_no_selector": replace(settings, selector=False),
             "mcompass_mean_pool": replace(settings, abstraction="mean")}
 
 
-@dataclass(frozen=True)
-class Fold:
-    """Students train on the pairs of `train`, keep the epoch with the lowest loss on `dev`'s pairs, and
-    retrieve for `evaluated`."""
-    train: tuple[str, ...]
-    dev: tuple[str, ...]
-    evaluated: tuple[str, ...]
+STUDENT = "mcompass"  # the full student's method name; the registered model's own weights
+VARIANTS_FOLDER = "variants"  # beside them: <fold>/<method>/ of every fold and variant trained
 
 
-def evaluation_folds(queries: pd.DataFrame, protocol: str, splits: Sequence[str], tune_split: str = "dev",
-                     fold_of: dict[str, int] | None = None) -> list[Fold]:
-    """split: one fold, train split -> the queries of `splits`, early stopping on `tune_split`; grouped_cv: per
-    topic-grouped fold f (`fold_of`, from models/comparison.topic_folds) the queries of fold f are evaluated,
-    fold f + 1 (cyclically) is the dev fold and the rest train, so every query is evaluated once by a student
-    that saw neither its topic nor, for early stopping, the dev topics in training."""
-    if protocol == "split":
-        of = lambda chosen: tuple(sorted(queries.loc[queries["split"].isin(chosen), "query_id"]))  # noqa: E731
-        return [Fold(of(["train"]), of([tune_split]), of(list(splits)))]
-    if protocol != "grouped_cv" or fold_of is None:
-        raise ValueError(f"unknown protocol {protocol!r} (or grouped_cv without folds); expected 'split' or "
-                         "'grouped_cv'")
-    numbers = sorted(set(fold_of.values()))
-    members = lambda fold: tuple(sorted(q for q, f in fold_of.items() if f == fold))  # noqa: E731
-    return [Fold(tuple(sorted(q for q, f in fold_of.items() if f not in (fold, numbers[(i + 1) % len(numbers)]))),
-                 members(numbers[(i + 1) % len(numbers)]), members(fold)) for i, fold in enumerate(numbers)]
+@dataclass(frozen=True, eq=False)
+class StudentSet:
+    """Every student a retrieval applies: per (fold index, method) the trained student of that fold's training
+    queries (the split protocol has one fold, 0), with the fold (models/protocol.py `Fold`) it belongs to."""
+    folds: tuple[Fold, ...]
+    students: dict[tuple[int, str], TrainedStudent]
 
 
-def student_runs(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: pd.DataFrame, folds: list[Fold],
-                 variants: dict[str, StudentSettings], training: TrainingSettings, depth: int,
-                 device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
-                 trained: dict[str, MCompassStudent] | None = None, evidence: pd.DataFrame | None = None,
-                 chunk_tokens: pd.Series | None = None) -> pd.DataFrame:
-    """RETRIEVAL_RUN rows (top-`depth` over the whole bank) of every variant for every fold's evaluated
-    queries, each variant trained on the fold's training pairs and selected on its dev queries (by their IE
-    given `evidence` and `chunk_tokens`, else by their pair loss); `trained` supplies an already trained model
-    for a variant (the registered student under the split protocol) instead of training it again."""
+def train_students(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: pd.DataFrame, plan: Sequence[Fold],
+                   variants: dict[str, StudentSettings], training: TrainingSettings,
+                   device: torch.device = torch.device("cpu"), progress: Callable[[str], None] | None = None,
+                   evidence: pd.DataFrame | None = None, chunk_tokens: pd.Series | None = None,
+                   on_epoch: Callable[[int, dict], None] | None = None) -> StudentSet:
+    """Every variant trained on every fold of `plan`: on the fold's training pairs, the epoch kept by the whole-
+    corpus IE of its tune queries (`heldout_ie`, given `evidence` and `chunk_tokens`; else by their pair loss).
+    `on_epoch` follows the first fold's full student (the registered model's own curve)."""
+    students = {}
+    for fold in plan:
+        fold_pairs, tune_pairs = pairs[pairs["query_id"].isin(fold.train)], pairs[pairs["query_id"].isin(fold.tune)]
+        select = (heldout_ie(bank, query_vectors, fold.tune, evidence, chunk_tokens, device)
+                  if evidence is not None and chunk_tokens is not None else None)
+        for method, settings in variants.items():
+            if progress:
+                progress(f"fold {fold.index + 1}/{len(plan)}: training {method} on {len(fold_pairs)} pairs")
+            followed = on_epoch if (fold.index, method) == (plan[0].index, STUDENT) else None
+            students[(fold.index, method)] = train_student(bank, query_vectors, fold_pairs, settings, training, device,
+                                                           progress=progress if followed else None,
+                                                           dev_pairs=tune_pairs, select=select, on_epoch=followed)
+    return StudentSet(tuple(plan), students)
+
+
+def save_students(students: StudentSet, directory: str | Path, info: dict) -> Path:
+    """The first fold's full student at the top of `directory` (the registered model a caller loads) and every
+    fold's variants under VARIANTS_FOLDER/<fold>/<method>/ with the fold's queries (folds.json)."""
+    directory = Path(directory)
+    first = students.folds[0].index
+    save_student(students.students[(first, STUDENT)].model, directory, info)
+    for (fold, method), trained in sorted(students.students.items()):
+        save_student(trained.model, directory / VARIANTS_FOLDER / str(fold) / method, info)
+    (directory / VARIANTS_FOLDER / "folds.json").write_text(json.dumps([asdict(f) for f in students.folds], indent=2))
+    return directory
+
+
+def load_students(directory: str | Path, device: torch.device = torch.device("cpu")
+                  ) -> tuple[tuple[Fold, ...], dict[tuple[int, str], MCompassStudent]]:
+    """The folds and students `save_students` wrote."""
+    directory = Path(directory) / VARIANTS_FOLDER
+    folds = tuple(Fold(f["index"], tuple(f["train"]), tuple(f["tune"]), tuple(f["evaluated"]))
+                  for f in json.loads((directory / "folds.json").read_text()))
+    return folds, {(int(fold.name), variant.name): load_student(variant, device)[0]
+                   for fold in sorted(p for p in directory.iterdir() if p.is_dir())
+                   for variant in sorted(p for p in fold.iterdir() if p.is_dir())}
+
+
+def student_runs(bank: TopicBank, query_vectors: dict[str, np.ndarray], folds: Sequence[Fold],
+                 students: dict[tuple[int, str], MCompassStudent], depth: int,
+                 device: torch.device = torch.device("cpu")) -> pd.DataFrame:
+    """RETRIEVAL_RUN rows (top-`depth` over the whole bank) of every student for its fold's evaluated queries."""
     from covlab.models.retrieval import run_table
 
     runs = []
-    for number, fold in enumerate(folds):
-        fold_pairs, dev_pairs = pairs[pairs["query_id"].isin(fold.train)], pairs[pairs["query_id"].isin(fold.dev)]
+    for fold in folds:
         evaluated = [q for q in fold.evaluated if q in query_vectors]
         if not evaluated:
             continue
         vectors = np.stack([query_vectors[q] for q in evaluated])
-        select = (heldout_ie(bank, query_vectors, fold.dev, evidence, chunk_tokens, device)
-                  if evidence is not None and chunk_tokens is not None else None)
-        for method, settings in variants.items():
-            model = (trained or {}).get(method)
-            if model is None:
-                if progress:
-                    progress(f"fold {number + 1}/{len(folds)}: training {method} on {len(fold_pairs)} pairs")
-                model = train_student(bank, query_vectors, fold_pairs, settings, training, device,
-                                      dev_pairs=dev_pairs, select=select).model
-            index, scores = retrieve(model, bank, vectors, min(depth, len(bank.chunk_ids)), device)
-            runs.append(run_table(method, evaluated, index, scores, bank.chunk_ids))
+        for (index, method), model in sorted(students.items()):
+            if index == fold.index:
+                found, scores = retrieve(model, bank, vectors, min(depth, len(bank.chunk_ids)), device)
+                runs.append(run_table(method, evaluated, found, scores, bank.chunk_ids))
     return pd.concat(runs, ignore_index=True) if runs else pd.DataFrame()

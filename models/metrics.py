@@ -7,7 +7,7 @@ Behaviour worth knowing (checked in tests/test_metrics.py):
 - ndeval builds the ideal ranking greedily, ties toward the lexicographically largest doc id; that ideal is
   not always optimal, so alpha-nDCG can exceed 1 for a ranking better than ndeval's ideal.
 - The diversity qrels (one row per document and nugget) must never reach P@k or nDCG@k: pytrec_eval
-  collapses the rows silently (ENVIRONMENT.md).
+  collapses the rows silently (P@10 0.275 instead of 0.6125 on ArgKP dev, no warning).
 - Each measure is evaluated in its own ir_measures call: the pyndeval provider consumes the run once, so
   two measures that need different ndeval settings (alpha_nDCG with alpha != 0.5 next to StRecall) would
   leave the second one silently at 0.
@@ -16,6 +16,8 @@ Behaviour worth knowing (checked in tests/test_metrics.py):
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 import ir_measures
 import numpy as np
@@ -26,6 +28,38 @@ from covlab.models.schemas import PER_QUERY_METRICS
 
 NDEVAL_MAX_CUTOFF = 20  # ndeval's compiled limit
 CALIBRATION_BINS = 10  # equal-width probability bins of the expected calibration error
+# The rank cutoff of the ranked-list measures (alpha-nDCG, StRecall) of a token-budgeted selection, which has
+# no k of its own (METHODS.md §5).
+RANK_CUTOFF = 10
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A measure by name, with an optional rank cutoff, as ir_measures names its measures: `ALPHA_NDCG @ 10`
+    is the measure whose rows every table calls "alpha_ndcg@10" (`str(measure)`, its one spelling)."""
+    name: str
+    cutoff: int | None = None
+    description: str = ""
+
+    def __matmul__(self, cutoff: int) -> Measure:
+        return replace(self, cutoff=int(cutoff))
+
+    def __str__(self) -> str:
+        return self.name if self.cutoff is None else f"{self.name}@{self.cutoff}"
+
+
+ALPHA_NDCG = Measure("alpha_ndcg", description="alpha-nDCG (Clarke et al. 2008; ndeval's greedy ideal), METHODS.md §5")
+STRECALL = Measure("strecall", description="subtopic recall: covered nuggets / nuggets with a relevant document")
+PRECISION = Measure("p", description="precision over the document judgments (pytrec_eval)")
+NDCG = Measure("ndcg", description="nDCG over the document judgments (pytrec_eval)")
+RVC1 = Measure("rvc1", description="share of viewpoints with at least one selected supporting item (METHODS.md §2)")
+RVC2 = Measure("rvc2", description="1/2 per viewpoint for one supporting source unit, 1 for two or more (§2)")
+IOU = Measure("iou", description="|S ∩ G| / |S ∪ G| against the gold evidence items (METHODS.md §3)")
+REDUNDANCY = Measure("redundancy", description="mean pairwise cosine inside the selection (METHODS.md §3)")
+TOKENS = Measure("tokens", description="tokens the selection spends")
+EVIDENCE_PRECISION = Measure("P", description="retrieved evidence chunks / k (MCompassRAG, METHODS.md §4)")
+EVIDENCE_RECALL = Measure("R", description="retrieved evidence chunks / the query's evidence chunks (§4)")
+IE = Measure("IE", description="P@k x R@k (METHODS.md §4); without a cutoff, its mean over the cutoffs")
 
 
 def diversity_qrels(nugget_links: pd.DataFrame) -> list[ir_measures.Qrel]:
@@ -65,10 +99,10 @@ def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFr
     links = nugget_links[nugget_links["query_id"].isin(in_run)]
     judged = qrels[qrels["query_id"].isin(in_run)]
     measures = {  # name -> (measure, qrels); each measure its own call (module docstring)
-        f"alpha_ndcg@{k}": (alpha_nDCG(alpha=alpha) @ k, diversity_qrels(links)),
-        f"strecall@{k}": (StRecall @ k, diversity_qrels(links)),
-        f"p@{k}": (P @ k, binary_qrels(judged)),
-        f"ndcg@{k}": (nDCG @ k, binary_qrels(judged)),
+        str(ALPHA_NDCG @ k): (alpha_nDCG(alpha=alpha) @ k, diversity_qrels(links)),
+        str(STRECALL @ k): (StRecall @ k, diversity_qrels(links)),
+        str(PRECISION @ k): (P @ k, binary_qrels(judged)),
+        str(NDCG @ k): (nDCG @ k, binary_qrels(judged)),
     }
     rows = []
     for name, (measure, measure_qrels) in measures.items():

@@ -316,4 +316,4 @@ def _instance(covers_bool, tokens, budget_tokens, query_id):
 
 
 def _label(query_id: str | None) -> str:
-    return f"query {query_id!r}" if query_id is not None else "an unnamed query"
+    return f"query {query_id!r}" if query_id is not None else "the pool"

@@ -86,6 +86,34 @@ def budget_chart(rows: pd.DataFrame, title: str) -> bytes:
     return _png(figure)
 
 
+def leaderboard_chart(table: pd.DataFrame, baseline: str) -> bytes:
+    """PNG: one panel per budget of a leaderboard (models/leaderboard.py LEADERBOARD), stacked on one shared axis,
+    each ranked method's paired difference to `baseline` as a dot with its 95% CI, best on top, 0 marked; green
+    where the verdict says ahead, red where it says behind, grey otherwise (a tie, or too few queries to call)."""
+    ranked = table[table["rank"].notna() & table["difference"].notna()]
+    budgets = list(dict.fromkeys(ranked["budget"]))
+    heights = [max(int((ranked["budget"] == b).sum()), 1) for b in budgets] or [1]
+    figure, panels = plt.subplots(len(heights), 1, squeeze=False, sharex=True, dpi=DPI,
+                                  gridspec_kw={"height_ratios": heights},
+                                  figsize=(SIZE_PX[0] / DPI, (40 + 16 * sum(heights) + 24 * len(heights)) / DPI))
+    for axes, budget in zip(panels[:, 0], budgets):
+        rows = ranked[ranked["budget"] == budget].sort_values("rank", ascending=False, kind="stable")
+        colours = ["#2ca02c" if "ahead" in verdict or verdict.startswith("winner") else
+                   "#d62728" if "behind" in verdict else "#7f7f7f" for verdict in rows["verdict"]]
+        positions = list(range(len(rows)))
+        axes.hlines(positions, rows["ci_low"], rows["ci_high"], colors=colours, linewidth=1.5)
+        axes.scatter(rows["difference"], positions, c=colours, s=12, zorder=3)
+        axes.axvline(0, color="black", linewidth=0.6)
+        axes.set_yticks(positions, [str(m) for m in rows["method"]], fontsize=7)
+        axes.set_ylim(-0.6, len(rows) - 0.4)
+        axes.set_ylabel(str(budget), fontsize=7, rotation=0, ha="right", va="center", labelpad=40)
+        axes.tick_params(axis="x", labelsize=7)
+    panels[-1, 0].set_xlabel(f"difference to {baseline}, paired 95% CI (green: ahead, red: behind, grey: tie or "
+                             "too few queries)", fontsize=7)
+    figure.tight_layout(h_pad=0.3)
+    return _png(figure)
+
+
 def markdown_image(png: bytes, alt: str) -> str:
     """`png` inlined as a Markdown image (a data: URI), as a Markdown metadata entry shows it."""
     return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode('ascii')})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from covlab.models.selection import Trust
+from covlab.models.trust import Trust
 
 PROMOTE, ALREADY_CHAMPION, STAYS_CANDIDATE, GATED = "promote", "already champion", "stays candidate", "gated"
 

@@ -9,21 +9,14 @@ from typing import NamedTuple
 import pandas as pd
 
 from covlab.models.coverage import queries_of
-from covlab.models.metrics import evaluate_run
-from covlab.models.selection import ESTIMATED, CoverageSelector, EstimateTrust, RelevanceSelection, select_method
+from covlab.models.metrics import ALPHA_NDCG, STRECALL, evaluate_run
+from covlab.models.registry import Report, SelectorSettings, method, methods
+from covlab.models.runs import run_method
+from covlab.models.selection import ESTIMATED, ranked_pools
+from covlab.models.selectors import Budget
 from covlab.models.statistics import paired_comparison
+from covlab.models.trust import EstimateTrust
 
-# (row label, selection method) in the paper's Table 1 order, with our extra rows after.
-TABLE1_ROWS = [
-    ("relevance", "relevance"),
-    ("+ coverage training", "relevance_coverage_trained"),
-    ("+ estimator and greedy", "coverage_greedy"),
-    ("+ estimator and soft greedy [chosen]", "coverage_greedy_soft"),
-    ("gold nuggets", "gold_nugget_bound"),
-    ("gold nuggets, soft greedy [chosen]", "gold_nugget_bound_soft"),
-    ("oracle greedy", "oracle_greedy"),
-    ("BM25 pool order", "bm25"),
-]
 PAPER_TABLE1 = {  # alpha-nDCG@10 / StRecall@10 on TREC RAG 2024, for orientation (METHODS.md §1)
     "relevance": (0.625, 0.744), "relevance_coverage_trained": (0.656, 0.762), "coverage_greedy": (0.702, 0.770),
     "gold_nugget_bound": (0.718, 0.781), "oracle_greedy": (0.887, 0.858),
@@ -65,10 +58,12 @@ def method_scores(per_query: pd.DataFrame, split: str, metric: str) -> dict[str,
 
 
 def table1(per_query: pd.DataFrame, split: str) -> pd.DataFrame:
-    """Mean of each metric per method on `split`, rows in Table 1 order (methods absent are left out)."""
+    """Mean of each metric per method on `split`, rows in Table 1 order (the coverage report's methods in
+    registry order, which is the paper's with our rows after, labelled as the paper labels them; methods
+    absent are left out)."""
     means = method_means(per_query[per_query["split"] == split]).pivot(index="method", columns="metric",
                                                                        values="value")
-    rows = [(label, method) for label, method in TABLE1_ROWS if method in means.index]
+    rows = [(m.label, m.name) for m in methods(Report.COVERAGE) if m.name in means.index]
     table = means.loc[[m for _, m in rows]]
     queries = per_query.loc[per_query["split"] == split, "query_id"].nunique()
     table.index = pd.Index([label for label, _ in rows], name=f"{split} (n={queries})")
@@ -99,32 +94,34 @@ class PoolComparison(NamedTuple):
     decisions: dict[str, dict]
 
 
-POOL_ORDER = "pool_order"  # the pool's own rank order: what every coverage selection falls back to
-
-
 def compare_pools(pools: Mapping[str, pd.DataFrame], matrices: Mapping[str, pd.DataFrame], selection: str,
-                  selector: CoverageSelector, trust: EstimateTrust, nugget_links: pd.DataFrame, qrels: pd.DataFrame,
+                  settings: SelectorSettings, trust: EstimateTrust, nugget_links: pd.DataFrame, qrels: pd.DataFrame,
                   queries: pd.DataFrame, splits: Sequence[str], report_split: str, baseline: str, k: int,
                   alpha: float, seed: int = 0) -> PoolComparison:
-    """Which candidate pool serves a coverage selection better (issue 11): from each pool (source -> POOLS
-    table) the first k documents in pool order and the `selector`'s selection on the source's estimated
-    coverage matrix (`matrices`, COVERAGE_MATRIX), named `selection`, through the estimator gate and the
-    blend tuned on trust.tune_split (models/selection.py `select_method`), its fallback being the pool order;
-    then alpha-nDCG@k and StRecall@k of each (`evaluate_selections`) and the paired statistics of every
-    source against `baseline` per selection and metric on `report_split`. Every source is compared on the
-    same queries: those of `splits` that every pool holds."""
+    """Which candidate pool serves a coverage selection better: from each pool (source -> POOLS table) the
+    first k documents in pool order (the `pool_order` method) and the registry method `selection`'s on the
+    source's estimated coverage matrix (`matrices`, COVERAGE_MATRIX), through the estimator gate and the blend
+    tuned on trust.tune_split (models/runs.run_method), its fallback being the pool order; then alpha-nDCG@k
+    and StRecall@k of each (`evaluate_selections`) and the paired statistics of every source against
+    `baseline` per selection and metric on `report_split`. Every source is compared on the same queries:
+    those of `splits` that every pool holds."""
     if baseline not in pools:
         raise ValueError(f"baseline {baseline!r} is not a pool source; expected one of {sorted(pools)}")
     shared = set(queries_of(queries, splits)["query_id"]).intersection(*(set(p["query_id"]) for p in pools.values()))
+    budget, order, chosen = Budget(k=k), method("pool_order"), method(selection)
     runs, decisions = {}, {}
     for source, pool in sorted(pools.items()):
         pool = pool[pool["query_id"].isin(shared)]
-        runs[f"{source}:{POOL_ORDER}"], _ = select_method(pool, RelevanceSelection(), k)
-        runs[f"{source}:{selection}"], decisions[source] = select_method(pool, selector, k, matrices[source],
-                                                                         ESTIMATED, trust)
-    metrics = [f"alpha_ndcg@{k}", f"strecall@{k}"]
+        ordered = run_method(order, ranked_pools(pool, queries), [budget], settings)
+        selected = run_method(chosen, ranked_pools(pool, queries, matrices[source], ESTIMATED), [budget], settings,
+                              trust=trust)
+        runs[f"{source}:{order.name}"] = ordered.table.drop(columns="budget")
+        runs[f"{source}:{selection}"] = selected.table.drop(columns="budget")
+        decisions[source] = selected.decisions[k].metadata()
+    measured = [str(ALPHA_NDCG @ k), str(STRECALL @ k)]
     per_query = evaluate_selections(runs, nugget_links, qrels, queries, k, alpha)
-    per_query = per_query[per_query["metric"].isin(metrics)].reset_index(drop=True)
+    per_query = per_query[per_query["metric"].isin(measured)].reset_index(drop=True)
+
     def with_parts(rows: pd.DataFrame) -> pd.DataFrame:  # "<source>:<selection>" split into its two parts
         parts = rows["method"].str.split(":", n=1, expand=True)
         return rows.assign(source=parts[0], selection=parts[1])

@@ -15,6 +15,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import pandas as pd
 
+from covlab.models.metrics import EVIDENCE_PRECISION, EVIDENCE_RECALL, IE
 from covlab.models.schemas import EVIDENCE_METRICS, RETRIEVAL_RUN
 from covlab.models.statistics import paired_comparison
 
@@ -115,7 +116,7 @@ def run_table(method: str, query_ids: Sequence[str], indices: np.ndarray, scores
 
 def evidence_metric_names(ks: Sequence[int] = DEFAULT_KS) -> list[str]:
     """The metrics evidence_metrics reports, in report order: P@k, R@k, IE@k for each k, then IE."""
-    return [f"{name}@{k}" for name in ("P", "R", "IE") for k in ks] + ["IE"]
+    return [str(measure @ k) for measure in (EVIDENCE_PRECISION, EVIDENCE_RECALL, IE) for k in ks] + [str(IE)]
 
 
 def evidence_metrics(run: pd.DataFrame, evidence: pd.DataFrame, chunk_tokens: pd.Series,
@@ -171,10 +172,11 @@ def evidence_metrics(run: pd.DataFrame, evidence: pd.DataFrame, chunk_tokens: pd
     for k in ks:
         hits = (found[position <= k].groupby(["query_id", "method"])["found"].sum()
                 .reindex(grid, fill_value=0).to_numpy(dtype=float))
-        values[f"P@{k}"] = hits / k
-        values[f"R@{k}"] = hits / n_evidence.reindex(grid.get_level_values("query_id")).to_numpy(dtype=float)
-        values[f"IE@{k}"] = values[f"P@{k}"] * values[f"R@{k}"]
-    values["IE"] = np.mean([values[f"IE@{k}"] for k in ks], axis=0)
+        p, r, ie = str(EVIDENCE_PRECISION @ k), str(EVIDENCE_RECALL @ k), str(IE @ k)
+        values[p] = hits / k
+        values[r] = hits / n_evidence.reindex(grid.get_level_values("query_id")).to_numpy(dtype=float)
+        values[ie] = values[p] * values[r]
+    values[str(IE)] = np.mean([values[str(IE @ k)] for k in ks], axis=0)
     wide = pd.DataFrame({name: values[name] for name in evidence_metric_names(ks)}, index=grid)
     rows = wide.stack().rename("value").rename_axis(["query_id", "method", "metric"]).reset_index()
     return EvidenceFigures(EVIDENCE_METRICS.conform(rows, source="evidence_metrics"),
@@ -203,7 +205,7 @@ def retrieval_summary(rows: pd.DataFrame, baseline: str = "dense",
                .reindex(index=methods, columns=metrics).rename_axis(columns=None))
 
     per_query = rows.set_index(["method", "metric", "query_id"])["value"].sort_index()
-    compared = [m for m in metrics if m == "IE" or m.startswith("IE@")]
+    compared = [m for m in metrics if m == str(IE) or m.startswith(f"{IE.name}@")]
     records = [{"method": method, "baseline": baseline, "metric": metric,
                 **paired_comparison(per_query.loc[(method, metric)], per_query.loc[(baseline, metric)], seed=seed)}
                for method in methods if method != baseline for metric in compared]

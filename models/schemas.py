@@ -20,6 +20,7 @@ class Schema:
     columns: dict[str, str]
     key: tuple[str, ...] = ()
     defaults: dict[str, str] = field(default_factory=dict)
+    descriptions: dict[str, str] = field(default_factory=dict)  # column -> what it holds (the UI's column schema)
 
     def empty(self) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in self.columns.items()})
@@ -155,6 +156,21 @@ STORED_FIGURES = Schema("stored_figures", {
     "materialization_id": "int64", **FIGURES.columns, "run_id": "string", "report_asset": "string",
     "partition": "string", "code_version": "string", "data_version": "string[python]",
     "created_at": "datetime64[ns, UTC]", "confirmed_at": "datetime64[ns, UTC]"})
+
+# The answer at a glance (models/leaderboard.py): per budget, the methods ranked by a report's primary measure.
+LEADERBOARD = Schema(
+    "leaderboard", {"budget": "string", "rank": "Int64", "method": "string", "mean": "float64",
+                    "n": "int64", "difference": "float64", "ci_low": "float64", "ci_high": "float64",
+                    "headroom": "float64", "verdict": "string"}, key=("budget", "method"),
+    descriptions={"budget": "the token budget (or k) the row is measured at",
+                  "rank": "place by mean among the methods that read no gold labels (empty: a bound, not ranked)",
+                  "method": "the method's registry key (`covlab methods` gives its label and description)",
+                  "mean": "mean of the primary measure over the reported queries", "n": "queries in the mean",
+                  "difference": "mean paired difference to the baseline (relevance order)",
+                  "ci_low": "lower end of the paired 95% bootstrap CI of the difference",
+                  "ci_high": "upper end of the paired 95% bootstrap CI of the difference",
+                  "headroom": "the exact oracle's mean minus this method's, over the queries both have",
+                  "verdict": "what the CI allows to say: winner, ahead of, tie with or behind the baseline"})
 
 # One row per trained selector of a champion promotion (models/promotion.py): the candidate version, the dev
 # score that decided, the champion it was compared with (version 0 and NaN score: none), and the decision.

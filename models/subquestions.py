@@ -1,15 +1,21 @@
 """Subquestion sets for a query (METHODS.md §1, "Decompose"): from gold nuggets, or grounded in the pool.
 
-`grounded_subquestions` is a HEURISTIC offline stand-in for the LLM decomposer, not a method from the
-paper: it clusters the sentences of the query's top pool documents and takes the sentence nearest each
-cluster centre as a "subquestion". It needs no LLM, and on corpora where facets are stated in distinct
-sentences it finds them; it cannot ask about facets that no pool sentence states.
+Two HEURISTIC offline stand-ins for the LLM decomposer, neither a method from the paper; both need no LLM
+and cannot ask about facets that no pool sentence states:
+- `grounded_subquestions` clusters the sentences of the query's top pool documents and takes the sentence
+  nearest each cluster centre, largest cluster first: facets of the pool, whatever their relation to the
+  question;
+- `focused_subquestions` picks pool sentences one at a time by relevance to the query and novelty among
+  those already picked (maximal marginal relevance over sentences), dropping near-duplicates of each pick:
+  facets of the question, as the pool states them. `focused_decomposition` runs it over every query with each
+  distinct sentence encoded once per dataset.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -54,3 +60,62 @@ def grounded_subquestions(query_id: str, query_text: str, pool_texts: list[str],
         chosen.append(sentences[members[int(np.argmin(distances))]])
     return pd.DataFrame({"query_id": query_id, "subq_id": [f"{query_id}/g{i}" for i in range(len(chosen))],
                          "text": chosen})
+
+
+@dataclass(frozen=True)
+class FocusSettings:
+    """The focused decomposition's settings [chosen, untuned]: `n` subquestions per query; a pick maximises
+    `focus_lambda` * cos(s, q) - (1 - `focus_lambda`) * max cos(s, picked); a sentence with cosine above
+    `duplicate_similarity` to a pick is dropped as its duplicate, one above `max_query_similarity` to the query
+    as a restatement of the question (it names no facet)."""
+    n: int = 10
+    focus_lambda: float = 0.7
+    duplicate_similarity: float = 0.9
+    max_query_similarity: float = 0.9
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError(f"subquestions n must be at least 1; got {self.n}")
+        for name in ("focus_lambda", "duplicate_similarity", "max_query_similarity"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ValueError(f"subquestions {name} must lie in [0, 1]; got {value}")
+
+
+def focused_subquestions(query_id: str, query_vector: np.ndarray, sentences: Sequence[str], vectors: np.ndarray,
+                         settings: FocusSettings = FocusSettings()) -> pd.DataFrame:
+    """Up to `settings.n` of a query's pool `sentences` (unit-length `vectors`, one row each), in pick order:
+    each step the sentence with the best relevance-minus-redundancy score (FocusSettings) among those neither
+    restating the query nor duplicating a pick; ties go to the earlier sentence."""
+    relevance = vectors @ query_vector if len(sentences) else np.empty(0)
+    alive = relevance <= settings.max_query_similarity
+    redundancy = np.zeros(len(sentences))
+    picked: list[int] = []
+    while alive.any() and len(picked) < settings.n:
+        score = settings.focus_lambda * relevance - (1 - settings.focus_lambda) * redundancy
+        pick = int(np.argmax(np.where(alive, score, -np.inf)))
+        picked.append(pick)
+        similarity = vectors @ vectors[pick]
+        redundancy = np.maximum(redundancy, similarity)
+        alive &= similarity <= settings.duplicate_similarity
+        alive[pick] = False
+    return pd.DataFrame({"query_id": query_id, "subq_id": [f"{query_id}/f{i}" for i in range(len(picked))],
+                         "text": [sentences[i] for i in picked]}, columns=SUBQUESTIONS_COLUMNS)
+
+
+def focused_decomposition(queries: pd.DataFrame, pool_texts: Mapping[str, Sequence[str]],
+                          embed: Callable[[list[str]], np.ndarray],
+                          settings: FocusSettings = FocusSettings()) -> pd.DataFrame:
+    """`focused_subquestions` for every query of `queries` (query_id, text) over the sentences of its pool
+    documents' texts (`pool_texts`: query_id -> texts, best first), with every distinct query and sentence text
+    of the dataset encoded in one `embed` call."""
+    sentences = {q: list(dict.fromkeys(s for text in pool_texts.get(q, []) for s in split_sentences(text)))
+                 for q in queries["query_id"]}
+    distinct = list(dict.fromkeys([*queries["text"], *(s for found in sentences.values() for s in found)]))
+    vectors = embed(distinct)
+    row = {text: i for i, text in enumerate(distinct)}
+    frames = [focused_subquestions(q, vectors[row[t]], sentences[q], vectors[[row[s] for s in sentences[q]]]
+                                   .reshape(len(sentences[q]), vectors.shape[1]), settings)
+              for q, t in zip(queries["query_id"], queries["text"])]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SUBQUESTIONS_COLUMNS)
+

@@ -18,11 +18,14 @@ class TokenCounter:
     - an empty text counts 0; any other text counts at least 1, including one the tokenizer reduces to nothing
       (only whitespace or zero-width characters), because it still takes a place in the context. A `Pool` needs
       positive costs, so empty texts are to be dropped before one is built;
-    - counts are cached per distinct text: a text is tokenized once per counter, however often it is counted.
+    - counts are cached per distinct text: a text is tokenized once per counter, however often it is counted;
+      with `max_cached` the cache holds at most that many texts beyond one call's (it is emptied when a call
+      would exceed it), so that a long-lived server's memory does not grow with the texts it has seen.
     """
 
-    def __init__(self, tokenizer_name_or_path: str = ""):
+    def __init__(self, tokenizer_name_or_path: str = "", max_cached: int | None = None):
         self.tokenizer_name_or_path = tokenizer_name_or_path
+        self.max_cached = max_cached
         self._tokenizer = None
         self._counts: dict[str, int] = {}
 
@@ -51,6 +54,8 @@ class TokenCounter:
                 raise TypeError(f"count takes texts (str); the item at position {position} is a "
                                 f"{type(text).__name__}")
         unseen = [text for text in dict.fromkeys(texts) if text not in self._counts]
+        if unseen and self.max_cached is not None and len(self._counts) + len(unseen) > self.max_cached:
+            self._counts = {text: self._counts[text] for text in texts if text in self._counts}
         if unseen:
             # One batched call over the distinct uncached texts. verbose=False silences the "sequence length
             # is longer than the specified maximum" warning: these ids only get counted, never fed to a model.

@@ -9,7 +9,6 @@ that a reader can tell what the topics are.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -22,6 +21,8 @@ import numpy as np
 import torch
 from sklearn.cluster import KMeans
 from sklearn.feature_extraction.text import CountVectorizer
+
+from covlab.models.versions import arrays_digest
 
 BANK_FILE = "topic_bank.npz"
 # KMeans restarts: more than scikit-learn's single k-means++ run, so that one unlucky seeding does not
@@ -217,11 +218,8 @@ class TopicBank:
     def content_hash(self) -> str:
         """sha256 over each array's name, dtype, shape and bytes in a fixed order, then top_m: equal banks
         hash equally wherever they are stored."""
-        digest = hashlib.sha256()
-        for name in ("chunk_ids", "embeddings", "centroids", "theta"):
-            array = getattr(self, name)
-            digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
-            digest.update(array.tobytes())
+        digest = arrays_digest({name: getattr(self, name)
+                                for name in ("chunk_ids", "embeddings", "centroids", "theta")})
         digest.update(f"top_m|{self.top_m}".encode())
         return digest.hexdigest()
 

@@ -1,7 +1,7 @@
 """Content versions: one stable hash of an asset's value, so that equal versions mean equal contents.
 
 Every asset's Dagster data version is `content_version(value)` (assets/outputs.py), and every load record
-carries the version of the value read (resources/io_manager.py); staleness, the nightly schedule, the
+carries the version of the value read (resources/io_manager.py); staleness, the nightly re-evaluation, the
 lineage audit and `covlab reproduce` compare these.
 
 - A table hashes its column names with their dtypes and its rows as a multiset: row order and column
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +62,25 @@ def record_version(record: dict | list) -> str:
 
 
 def content_version(value) -> str:
-    """The content version of an asset value: a table or a JSON record (dict or list)."""
+    """The content version of an asset value: a table, a JSON record (dict or list), or a typed record that
+    stores itself as one (`to_record()`: a trained model)."""
     if isinstance(value, pd.DataFrame):
         return table_version(value)
     if isinstance(value, (dict, list)):
         return record_version(value)
+    if hasattr(value, "to_record"):
+        return record_version(value.to_record())
     raise TypeError(f"no content version for a {type(value).__name__}; expected a DataFrame, dict or list")
+
+
+def arrays_digest(arrays: Mapping[str, np.ndarray]):
+    """A sha256 object fed each array's name, dtype, shape and bytes, in the mapping's order: equal arrays hash
+    equally however they are stored (the bytes of an .npz file also hold its zip entries' times)."""
+    digest = hashlib.sha256()
+    for name, array in arrays.items():
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest
 
 
 def directory_hash(folder: str | Path) -> str:
@@ -94,6 +108,7 @@ def value_differences(expected, found) -> list[str]:
     on every column, identifiers first); for records, the keys whose values differ. Empty: equal contents."""
     if isinstance(expected, pd.DataFrame) and isinstance(found, pd.DataFrame):
         return _table_differences(expected, found)
+    expected, found = (v.to_record() if hasattr(v, "to_record") else v for v in (expected, found))
     if isinstance(expected, dict) and isinstance(found, dict):
         keys = sorted((set(expected) | set(found)) - PLACE_KEYS)
         return [f"{k}: {json.dumps(expected.get(k), default=str)[:60]} vs {json.dumps(found.get(k), default=str)[:60]}"

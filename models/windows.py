@@ -179,7 +179,7 @@ def select_windows(pairs: Sequence[tuple[str, str]], tokenizer, max_length: int,
 def _embed_texts(encoder: str, texts: list[str], max_length: int, *, batch_size: int, device: torch.device,
                  autocast_dtype: torch.dtype | None, progress: Callable[[str], None] | None) -> np.ndarray:
     """Unit vectors of `texts` under the window-scoring bi-encoder."""
-    from covlab.models.coverage import load_first_stage
+    from covlab.models.biencoder import load_first_stage
     from covlab.models.encoders import default_base_model
 
     return load_first_stage(encoder or default_base_model(), batch_size=batch_size, max_length=max_length,

@@ -9,6 +9,9 @@
     covlab audit --value 0.702 [--tolerance 5e-4] [--all] [--full] [--json]   # a number's branch and its cost
     covlab audit --help                            # also lists the methods, metrics, splits in the results store
     covlab reproduce --value 0.664 [--allow-dirty] [--keep] [--json]   # rebuild a figure from its lineage, compare
+    covlab leaderboard --dataset NAME [--json]     # which selector, at which budget: the newest reports ranked
+    covlab methods                                 # every method of the registry: its reports, label, description
+    covlab serve [--dataset NAME] [--method M ...] [--port 8080]   # the selectors over HTTP on 127.0.0.1
     covlab slots list                              # runs holding the gpu pool's slot, and whether they live
     covlab slots free [--run RUN_ID ...]           # free the slots of runs that died
 """
@@ -21,6 +24,7 @@ import math
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import yaml
@@ -42,29 +46,44 @@ IN_PROCESS_JOB = "__ephemeral_asset_job__"  # the name Dagster's `materialize` g
 
 
 def _instance():
-    from dagster import DagsterInstance
+    """The Dagster instance (opened under its lock: orchestration/settings.py instance_lock), with every
+    registered dataset a partition: a registration whose command failed after updating datasets.json gets
+    its partition here, so the registry and the partitions agree."""
+    from covlab.orchestration.settings import instance_lock, open_instance
 
-    from covlab.orchestration.settings import dagster_home
+    registry = _registry()
+    with instance_lock() as home:
+        instance = open_instance(home)
+        _add_partitions(instance, registry.entries())
+    return instance
 
-    dagster_home()
-    return DagsterInstance.get()
+
+def _add_partitions(instance, names) -> None:
+    """Adds the dataset partitions among `names` that the instance lacks; the caller holds the instance lock
+    (two processes adding one partition at once would collide on Dagster's unique index)."""
+    from covlab.assets.partitions import DATASETS
+
+    missing = sorted(set(names) - set(instance.get_dynamic_partitions(DATASETS.name)))
+    if missing:
+        instance.add_dynamic_partitions(DATASETS.name, missing)
 
 
 def _registry():
-    from covlab.orchestration.definitions import default_resources
+    from covlab.orchestration.settings import dataset_registry
 
-    return default_resources()["datasets"]
+    return dataset_registry()  # the one default_resources holds, without importing every asset
 
 
 def dataset_add(name: str, fmt: str, path: str | None, replace: bool = False) -> None:
-    from covlab.assets.partitions import DATASETS
+    from covlab.orchestration.settings import instance_lock, open_instance
     from covlab.resources.datasets import read_dataset
 
     dataset = read_dataset(name, fmt, path)  # refuse a bad name or a dataset that does not read cleanly
-    entry = _registry().register(name, fmt, path, replace=replace)
-    instance = _instance()
-    if not instance.has_dynamic_partition(DATASETS.name, name):
-        instance.add_dynamic_partitions(DATASETS.name, [name])
+    registry = _registry()
+    with instance_lock() as home:  # the registry and the partitions change together
+        instance = open_instance(home)  # first: an instance that cannot be opened leaves the registry alone
+        entry = registry.register(name, fmt, path, replace=replace)
+        _add_partitions(instance, registry.entries())
     print(f"registered {name!r} ({entry['format']}, {entry['path']}): {len(dataset.queries)} queries, "
           f"{len(dataset.corpus)} documents, {len(dataset.nuggets)} nuggets")
 
@@ -84,36 +103,61 @@ def dataset_generate(generator: str, out: str, profile: str, seed: int) -> None:
 
 
 def materialize(dataset: str, select: list[str] | None, config: dict | None, instance=None,
-                raise_on_error: bool = True):
-    """Run the selected assets (default: all) of one dataset partition in this process, first freeing the
-    pool slots of runs that died (orchestration/concurrency.py: pool_slots_guard). Dagster's `materialize`, with
-    covlab's console logger (orchestration/console.py: a line per finished step) in place of Dagster's."""
+                raise_on_error: bool = True, run_id: str | None = None):
+    """Run the selected assets (default: all) of one dataset partition in this process (as run `run_id`, when
+    given), first marking failed the runs that died and freeing their pool slots (orchestration/concurrency.py:
+    pool_slots_guard), and removing the run-versioned artifact folders of runs that did not succeed. Dagster's
+    `materialize`, with covlab's console logger (orchestration/console.py: a line per finished step) in place of
+    Dagster's; resource settings in `config` are laid over the configured ones (with_resource_settings)."""
     from dagster import AssetKey, Definitions, define_asset_job
 
     from covlab.assets.partitions import DATASETS
     from covlab.models.dataset import check_dataset_name
     from covlab.orchestration.concurrency import log_to_console, pool_slots_guard
     from covlab.orchestration.console import covlab_console
-    from covlab.orchestration.definitions import ASSETS, default_resources
+    from covlab.orchestration.definitions import ASSETS, default_resources, with_resource_settings
 
     check_dataset_name(dataset)
     instance = instance or _instance()
     if dataset not in _registry().entries():
         raise SystemExit(f"dataset {dataset!r} is not registered; run `covlab dataset add {dataset} ...` first")
-    if not instance.has_dynamic_partition(DATASETS.name, dataset):
+    if not instance.has_dynamic_partition(DATASETS.name, dataset):  # an instance the caller opened
         instance.add_dynamic_partitions(DATASETS.name, [dataset])
     selection = [AssetKey.from_user_string(s) for s in select] if select else None
-    run_config = {"loggers": {"console": {"config": {"log_level": "INFO"}}}, **(config or {})}
+    resources = default_resources()
+    run_config = with_resource_settings(resources, {"loggers": {"console": {"config": {"log_level": "INFO"}}},
+                                                    **(config or {})})
     log_to_console()
-    job = Definitions(assets=ASSETS, resources=default_resources(), loggers={"console": covlab_console},
+    job = Definitions(assets=ASSETS, resources=resources, loggers={"console": covlab_console},
                       jobs=[define_asset_job(IN_PROCESS_JOB, selection=selection)]).resolve_job_def(IN_PROCESS_JOB)
     with pool_slots_guard(instance) as tags:
+        resources["artifacts"].discard_failed_runs(instance)
         return job.execute_in_process(run_config=run_config, instance=instance, partition_key=dataset,
-                                      raise_on_error=raise_on_error, tags=tags)
+                                      raise_on_error=raise_on_error, tags=tags, run_id=run_id)
+
+
+def run_failed(error: BaseException, instance, run_id: str) -> str:
+    """After run `run_id` raised `error`: the one line saying why (orchestration/failures.py), once the run is
+    marked failed (Dagster could not, e.g. on a full disk, until space was freed) and the artifact folders it
+    began are removed."""
+    from covlab.orchestration.definitions import default_resources
+    from covlab.orchestration.failures import failure_line
+
+    resources = default_resources()
+    line = failure_line(error, instance, run_id, resources)
+    try:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and not run.is_finished:
+            instance.report_run_failed(run, f"covlab marked this run failed: {line}")
+        resources["artifacts"].discard_failed_runs(instance, [run_id])
+    except Exception as exc:  # e.g. the disk is still full: the next covlab command marks it (end_dead_runs)
+        line += f"; the run could not be marked failed yet ({type(exc).__name__}), the next covlab command does"
+    return line
 
 
 def summarize(result, seconds: float) -> str:
     from covlab.orchestration.console import key_figures
+    from covlab.orchestration.definitions import default_resources
     from covlab.orchestration.settings import covlab_home
 
     lines = [f"covlab: run {result.run_id} succeeded in {seconds:.0f} s", "built:"]
@@ -130,6 +174,9 @@ def summarize(result, seconds: float) -> str:
                      f"COVLAB_LLM_MODEL): {', '.join(skipped)}")
     for event in result.get_asset_materialization_events():
         mat = event.event_specific_data.materialization
+        if "answer" in mat.metadata:  # the leaderboard's answer per budget (models/leaderboard.py)
+            lines += [f"{mat.asset_key.to_user_string()} [{mat.partition}] (the answer per budget; "
+                      "`covlab leaderboard --dataset <name>` ranks every method):", mat.metadata["answer"].value]
         if "table1" in mat.metadata:
             lines += [f"{mat.asset_key.to_user_string()} [{mat.partition}] (Table 1 layout):",
                       mat.metadata["table1"].value]
@@ -146,16 +193,18 @@ def summarize(result, seconds: float) -> str:
     lines += [f"stored under {home}: tables in storage/, indexes, weights and report CSVs in artifacts/, the "
               "Dagster instance in dagster/, MLflow in mlflow/, report figures in results/results.db",
               "open the UI with `make ui` (http://127.0.0.1:3000) and MLflow with `make mlflow-ui` "
-              "(http://127.0.0.1:5000); trace a number with `.venv/bin/covlab audit --value <number>`"]
+              f"({default_resources()['tracking'].ui_base_url()}); see which selector wins at which budget with "
+              "`.venv/bin/covlab leaderboard --dataset <name>`, trace a number with `.venv/bin/covlab audit --value "
+              "<number>`"]
     return "\n".join(lines)
 
 
 def audit_command(args) -> int:
     """Print each figure asked for, the branch of its report's lineage that produced it (--full: the whole
     lineage with its detail lines) and what that branch cost; --json: the same in full detail."""
-    from covlab.orchestration.definitions import default_resources
-    from covlab.orchestration.lineage import (StepClock, audit_figures, branch_nodes, lineage_cost,
-                                              off_branch, render_branch, render_text)
+    from covlab.orchestration.definitions import ASSETS, default_resources
+    from covlab.resources.lineage import (StepClock, audit_figures, branch_nodes, lineage_cost, off_branch,
+                                          render_branch, render_text)
 
     instance, results = _instance(), default_resources()["results"]
     figures, earlier = _requested_figures(args, instance, results)
@@ -163,7 +212,7 @@ def audit_command(args) -> int:
     for audit in audits:  # what is shown: the figures' branch, or the whole lineage (--full, or no branch recorded)
         audit["shown"] = None if args.full else audit["branch"]
         audit["cost"] = lineage_cost(instance, branch_nodes(audit["shown"] or audit["lineage"], [audit["lineage"]]),
-                                     scope="branch" if audit["shown"] else "lineage", clock=clock)
+                                     ASSETS, scope="branch" if audit["shown"] else "lineage", clock=clock)
     if args.json:
         print(json.dumps([{"figures": a["figures"], "lineage": a["lineage"].to_dict(), "cost": a["cost"].to_dict()}
                           for a in audits], indent=2, sort_keys=True, default=str))
@@ -179,12 +228,12 @@ def audit_command(args) -> int:
         else:
             if shown is None:
                 print("(the report recorded no method_inputs for these methods: its whole lineage, each node once)")
-            print(render_branch(shown or lineage, [lineage]))
+            print(render_branch(shown or lineage, [lineage], ASSETS))
             hidden = off_branch(shown or lineage, [lineage])
-            flagged = sum(bool(node.stale or node.gap) for node in hidden)
+            flagged = sum(bool(node.stale or node.gap or node.changed) for node in hidden)
             if hidden:
                 print(f"(+ {len(hidden)} more node{'s' if len(hidden) != 1 else ''} of the report's lineage, not "
-                      f"on this branch" + (f", {flagged} of them STALE or GAP" if flagged else "")
+                      f"on this branch" + (f", {flagged} of them STALE, GAP or CHANGED" if flagged else "")
                       + "; --full shows the whole lineage)")
         print(audit["cost"].render())
         print()
@@ -198,7 +247,7 @@ def _requested_figures(args, instance, results):
     """The stored figures `covlab audit`/`reproduce` were asked for (--value, or --dataset, --method and
     --metric: the latest such aggregate figure), and how many earlier materializations of them were left
     out; UsageError when the options name none, FigureNotFound when nothing stored matches."""
-    from covlab.orchestration.lineage import confirm_reports
+    from covlab.resources.lineage import confirm_reports
 
     confirm_reports(instance, results)  # figures count once Dagster has recorded their report
     earlier = 0
@@ -217,11 +266,41 @@ def _requested_figures(args, instance, results):
     return figures, earlier
 
 
+def leaderboard_command(args) -> int:
+    """Print the leaderboard of the newest confirmed comparison report (token budgets) and coverage report (k) of
+    a dataset, each led by its answer per budget (models/leaderboard.py); --json: the rows as records."""
+    from covlab.models.leaderboard import LEADERBOARD_REPORTS, answers, stored_leaderboard
+    from covlab.orchestration.definitions import default_resources
+    from covlab.resources.lineage import confirm_reports
+
+    instance, results = _instance(), default_resources()["results"]
+    confirm_reports(instance, results)  # a report counts once Dagster has recorded its materialization
+    boards = {}
+    for report in LEADERBOARD_REPORTS:
+        stored = results.latest_report(args.dataset, report.value, confirmed_only=True)
+        if stored is not None:
+            boards[report.value] = (stored, stored_leaderboard(stored.figures, report, stored.record.config))
+    if not boards:
+        raise FigureNotFound(f"leaderboard: no confirmed {' or '.join(r.value for r in LEADERBOARD_REPORTS)} of "
+                             f"dataset {args.dataset!r} in the results store; materialize it first")
+    if args.json:
+        print(json.dumps({name: {"results_store_report_id": stored.materialization_id, "run_id": stored.record.run_id,
+                                 "rows": json.loads(table.to_json(orient="records"))}
+                          for name, (stored, table) in boards.items()}, indent=2))
+        return 0
+    for name, (stored, table) in boards.items():
+        print(f"{name} [{args.dataset}] (results store id {stored.materialization_id}, run {stored.record.run_id}):")
+        print("\n".join(f"  {line}" for line in answers(table)))
+        print(table.to_markdown(index=False, floatfmt=".3f"))
+        print()
+    return 0
+
+
 def reproduce_command(args) -> int:
     """Rebuild each report materialization behind the requested figure(s) in a scratch home and compare:
     0 when REPRODUCED, 1 when DIVERGED, 2 when the lineage cannot be rebuilt (refused, with the reason)."""
     from covlab.orchestration.definitions import default_resources
-    from covlab.orchestration.lineage import plain
+    from covlab.resources.lineage import plain
     from covlab.orchestration.reproduce import ReproduceRefused, render, reproduce
     from covlab.orchestration.settings import covlab_home
 
@@ -279,8 +358,25 @@ class _AuditHelp(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.print_help()
         print()
+        print(methods_help())
+        print()
         print(_stored_figures_help())
         parser.exit()
+
+
+def methods_help() -> str:
+    """Every method of the registry (models/registry.py), one line each: name, the reports it appears in, its
+    label, whether it is trained or a bound, and its description."""
+    from covlab.models.registry import METHODS
+
+    width = max(len(m.name) for m in METHODS)
+    lines = ["methods (models/registry.py; the pool comparison names them <pool>:<method>):"]
+    for m in METHODS:
+        notes = ", ".join(filter(None, [f"trained: {m.trained}" if m.trained else "",
+                                        "bound on gold labels" if m.bound else ""]))
+        lines.append(f"  {m.name:<{width}}  [{', '.join(r.value for r in sorted(m.reports, key=lambda r: r.value))}]"
+                     f"  {m.label}{f' ({notes})' if notes else ''}: {m.description}")
+    return "\n".join(lines)
 
 
 def _stored_figures_help() -> str:
@@ -406,6 +502,54 @@ def slots_command(args) -> int:
     return 1 if refused else 0
 
 
+def serve_command(args) -> int:
+    """`covlab serve`: covlab.serving.http.serve with the flags' settings; a method that cannot load exits 2."""
+    from covlab.serving import ServingError
+    from covlab.serving.http import Limits, ServeSettings, serve
+
+    try:
+        limits = Limits(args.max_body_bytes, args.max_candidates, args.max_text_chars)
+    except ValueError as exc:
+        raise UsageError(f"--{str(exc).replace('_', '-')}") from None
+    if not (math.isfinite(args.poll_seconds) and args.poll_seconds >= 0):
+        raise UsageError(f"--poll-seconds {args.poll_seconds}: expected a finite number >= 0 (0: do not poll)")
+    try:
+        serve(ServeSettings(tuple(args.method or ()), args.dataset, args.alias, args.tracking_uri, args.host,
+                            args.port, args.poll_seconds, args.device, limits))
+    except ServingError as exc:
+        raise UsageError(str(exc)) from None
+    return 0
+
+
+def _serve_parser(commands) -> None:
+    from covlab.serving.http import DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, Limits
+
+    limits = Limits()
+    serve = commands.add_parser(
+        "serve", help="the registry's selectors over HTTP (POST /v1/select, GET /v1/methods, /docs)",
+        description="Serve covlab.serving's selectors over HTTP (serving/http.py), following the registry: a "
+                    "method whose model alias moves is reloaded and swapped in without a restart.")
+    serve.add_argument("--method", action="append", metavar="M",
+                       help="a method to serve (repeatable; default: every servable method that needs no trained "
+                            "model, and with --dataset those that do, as far as their models are registered)")
+    serve.add_argument("--dataset", help="the dataset whose trained models (covlab.<dataset>.<selector>) to load")
+    serve.add_argument("--alias", default="champion", help="the alias the trained models are loaded by (default "
+                                                           "champion)")
+    serve.add_argument("--tracking-uri", help="MLflow tracking and registry URI (default: COVLAB_MLFLOW_TRACKING_URI, "
+                                              "else the store of COVLAB_HOME)")
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    serve.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
+                       help=f"how often to check the aliases (default {DEFAULT_POLL_SECONDS:g}; 0: never)")
+    serve.add_argument("--device", default="cpu", help="torch device of the encoders (default cpu)")
+    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
+                       help=f"largest request body (default {limits.max_body_bytes}); larger: 413")
+    serve.add_argument("--max-candidates", type=int, default=limits.max_candidates,
+                       help=f"most candidates per request (default {limits.max_candidates})")
+    serve.add_argument("--max-text-chars", type=int, default=limits.max_text_chars,
+                       help=f"longest query or candidate text, in characters (default {limits.max_text_chars})")
+
+
 def main(argv: list[str] | None = None) -> int:
     from covlab.resources.datasets import FORMATS
 
@@ -467,17 +611,32 @@ def main(argv: list[str] | None = None) -> int:
     again.add_argument("--scratch", help="folder to create the scratch home in (default: the system temp folder)")
     again.add_argument("--json", action="store_true", help="machine-readable: every asset's recorded and rebuilt "
                                                            "content version, the figures, the times")
+    board = commands.add_parser(
+        "leaderboard", help="which selector, at which budget: the methods of a dataset's newest reports ranked, "
+                            "with paired CIs against relevance order")
+    board.add_argument("--dataset", required=True)
+    board.add_argument("--json", action="store_true", help="machine-readable: each report's rows as records")
+    commands.add_parser("methods", help="every method of the registry: the reports it appears in, its label, "
+                                        "whether it is trained, what it does")
     slots = commands.add_parser("slots", help="concurrency-pool slots (the gpu pool): who holds them, free "
                                               "those of dead runs").add_subparsers(dest="action", required=True)
     slots.add_parser("list", help="runs holding or waiting for pool slots, and whether they are alive")
     free = slots.add_parser("free", help="free the slots of runs that ended or whose process is gone")
     free.add_argument("--run", nargs="+", metavar="RUN_ID",
                       help="also free these runs (launched outside the CLI or on another host), marking them ended")
+    _serve_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "serve":  # nothing of Dagster's is needed to serve
+        try:
+            return serve_command(args)
+        except UsageError as exc:
+            print(f"covlab: {exc}", file=sys.stderr)
+            return 2
 
     from dagster import DagsterInvalidConfigError
 
     from covlab.models.schemas import DatasetError
+    from covlab.orchestration.settings import InstanceBroken
 
     try:
         _check_args(args)
@@ -489,8 +648,12 @@ def main(argv: list[str] | None = None) -> int:
             return audit_command(args)
         elif args.command == "reproduce":
             return reproduce_command(args)
+        elif args.command == "leaderboard":
+            return leaderboard_command(args)
         elif args.command == "slots":
             return slots_command(args)
+        elif args.command == "methods":
+            print(methods_help())
         elif args.command == "dataset":
             for name, entry in _registry().entries().items():
                 print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}")
@@ -500,10 +663,20 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "demo":
                 config = DEMO_CONFIG
             instance = _instance()
-            start = time.perf_counter()
-            result = materialize(dataset, getattr(args, "select", None), config, instance)
+            start, run_id = time.perf_counter(), str(uuid.uuid4())
+            try:
+                result = materialize(dataset, getattr(args, "select", None), config, instance, run_id=run_id)
+            except (DagsterInvalidConfigError, DatasetError, UsageError, SystemExit):
+                raise
+            except Exception as exc:
+                if instance.get_run_by_id(run_id) is None:  # failed before the run began: not a run's failure
+                    raise
+                from covlab.orchestration.failures import invalid_config
+
+                print(f"covlab: {run_failed(exc, instance, run_id)}", file=sys.stderr)
+                return 2 if invalid_config(exc) is not None else 1
             print(summarize(result, time.perf_counter() - start))
-    except (DatasetError, UsageError) as exc:
+    except (DatasetError, UsageError, InstanceBroken) as exc:
         print(f"covlab: {exc}", file=sys.stderr)
         return 2
     except FigureNotFound as exc:

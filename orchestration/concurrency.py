@@ -9,6 +9,9 @@ slot claimed even after the run is marked failed. Every later GPU step then wait
 with its pid and host (`launch_tags`), and `free_stale_slots` frees the slots of runs that are over or whose
 process is gone from this host. Runs launched by the webserver or a schedule are freed by Dagster's run
 monitoring once they are marked ended (dagster.yaml: `free_slots_after_run_end_seconds`).
+
+A run killed outside any pool (a CPU step) holds no slot but would stay STARTED for good: `end_dead_runs`
+marks every run of this host whose covlab process is gone as failed, before each CLI launch.
 """
 
 from __future__ import annotations
@@ -157,6 +160,32 @@ def free_stale_slots(instance: DagsterInstance, run_ids: Iterable[str] = ()) -> 
     return freed
 
 
+# Statuses of a run that has not ended; a run whose process is gone stays in one of them for good.
+IN_PROGRESS = (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED,
+               DagsterRunStatus.CANCELING)
+
+
+def end_dead_runs(instance: DagsterInstance) -> list[str]:
+    """Marks FAILED (CANCELED if it was canceling) every run launched from this host by the covlab CLI
+    (`launch_tags`) that is still in progress although its process is gone: killed during any step, not only
+    one holding a pool slot (those `free_stale_slots` frees). Returns their run ids."""
+    host = socket.gethostname()
+    ended = []
+    for record in instance.get_run_records(RunsFilter(statuses=list(IN_PROGRESS), tags={RUN_HOST_TAG: host})):
+        run = record.dagster_run
+        pid = run.tags.get(RUN_PID_TAG, "")
+        if not pid.isdigit() or process_alive(int(pid)):
+            continue
+        message = f"covlab marked this run ended: its process (pid {pid} on {host}) is gone."
+        if run.status == DagsterRunStatus.CANCELING:
+            instance.report_run_canceled(run, message)
+        else:
+            instance.report_run_failed(run, message)
+        log.info("marked run %s ended: its process (pid %s on %s) is gone", run.run_id, pid, host)
+        ended.append(run.run_id)
+    return ended
+
+
 def log_pool_holders(instance: DagsterInstance) -> None:
     """Says which runs hold each pool's slots, before a run whose steps in that pool would wait for them."""
     slots = pool_slots(instance)
@@ -211,8 +240,10 @@ def pool_slots_guard(instance: DagsterInstance,
                      check_every: float = WAIT_CHECK_SECONDS) -> Iterator[dict[str, str]]:
     """Around one in-process launch: frees stale slots and says who holds the pools, yields the run tags of
     this process (`launch_tags`), and while the run executes checks every `check_every` seconds whether one
-    of its steps waits for a pool (`_check_waits`)."""
+    of its steps waits for a pool (`_check_waits`). Runs of this host whose process died are marked ended
+    (`end_dead_runs`)."""
     free_stale_slots(instance)
+    end_dead_runs(instance)
     log_pool_holders(instance)
     stop = threading.Event()
 

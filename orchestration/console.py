@@ -2,10 +2,12 @@
 
 One line per finished step: each asset it built, its partition, the step's seconds and the asset's key
 figures (`key_figures`, also the CLI's final summary); the steps' own messages (device, registered models,
-warnings), of which progress messages (models/encoders.py: Progress) only for long loops: at most one per
-`PROGRESS_EVERY_S` seconds of a step, and the loop's last one once an earlier one was shown. Dagster's
+warnings), of which progress reports (models/encoders.py ProgressReport, logged with their fields by
+assets/progress.py) only for long loops: at most one per `PROGRESS_EVERY_S` seconds of a step, and the
+loop's last one once an earlier one was shown. Dagster's
 per-event chatter (step started, output handled, ...) stays out of the console; it stays in the instance's
-event log, which the UI shows. With the logger's `log_level` at DEBUG everything is printed, as Dagster's own
+event log, which the UI shows. So do failures and their tracebacks: the CLI says why a run failed in one line
+(orchestration/failures.py). With the logger's `log_level` at DEBUG everything is printed, as Dagster's own
 console logger prints it.
 
     09:29:31 coverage_estimator: cross-encoder epoch 1/1: 592/1184 (50%), 23.0 pairs/s, ETA 26s
@@ -25,12 +27,14 @@ from collections.abc import Mapping
 from dagster import DagsterEventType, Field, logger
 from dagster._core.log_manager import LOG_RECORD_METADATA_ATTR  # the Dagster metadata of a log record
 
-from covlab.models.encoders import PROGRESS_MESSAGE
+from covlab.assets.progress import PROGRESS_RECORD
 
 # Metadata entries that say what a materialization holds, in this order, where an asset records them.
 KEY_FIGURES = ("rows", "pairs", "documents", "queries", "subquestions", "train_pairs", "dev_auc", "groups",
                "model_uri")
 PROGRESS_EVERY_S = 10.0
+# Events whose message carries a failed run's traceback: not printed (the CLI prints the cause in one line).
+FAILURES = (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE, DagsterEventType.RESOURCE_INIT_FAILURE)
 TIME_FORMAT = "%H:%M:%S"
 
 
@@ -70,7 +74,9 @@ class RunConsole(logging.Handler):
         if self.threshold <= logging.DEBUG:
             return record.getMessage()
         if event is None:  # a step's (or resource's) own message
-            if record.levelno < self.threshold or not self.progress_due(step, message, record.created):
+            progress = getattr(record, PROGRESS_RECORD, None)
+            if record.levelno < self.threshold or (progress is not None
+                                                   and not self.progress_due(step, progress, record.created)):
                 return None
             return f"{step or 'run'}: {_level(record)}{message}"
         kind = event.event_type
@@ -82,7 +88,9 @@ class RunConsole(logging.Handler):
             self.checks[step].append(event.asset_check_evaluation_data)
         elif kind == DagsterEventType.STEP_SUCCESS:
             return self.step_done(step, event.step_success_data.duration_ms / 1000)
-        elif record.levelno >= logging.WARNING:  # step or run failures: Dagster's message, with the error
+        elif kind in FAILURES:  # the CLI says why in one line (orchestration/failures.py); the event log keeps all
+            return None
+        elif record.levelno >= logging.WARNING:  # retries, engine errors: Dagster's message
             return record.getMessage()
         return None
 
@@ -98,20 +106,18 @@ class RunConsole(logging.Handler):
                   for c in checks if not (c.passed and built)]
         return "\n         ".join(lines) if lines else f"{step}: done in {seconds:.1f} s, nothing materialized"
 
-    def progress_due(self, step: str | None, message: str, now: float) -> bool:
-        """Whether to show `message`: always unless it is a progress message (encoders.PROGRESS_MESSAGE);
-        a progress message once `every_s` seconds have passed since the step started or last showed one,
-        and a loop's last message when one of that loop was shown before."""
-        match = PROGRESS_MESSAGE.match(message)
-        if match is None:
-            return True
-        key = (step, match["label"])
-        if match["done"] == match["total"] and key in self.shown_labels:
+    def progress_due(self, step: str | None, progress: dict, now: float) -> bool:
+        """Whether to show a progress report (ProgressReport's fields: label, done, total, ...): once
+        `every_s` seconds have passed since the step started or last showed one, and a loop's last report
+        when one of that loop was shown before."""
+        key = (step, progress["label"])
+        finished = progress["done"] >= progress["total"]
+        if finished and key in self.shown_labels:
             self.shown_labels.discard(key)
             self.shown_at[step] = now
             return True
         if now - self.shown_at.setdefault(step, now) >= self.every_s:
-            if match["done"] != match["total"]:
+            if not finished:
                 self.shown_labels.add(key)
             self.shown_at[step] = now
             return True

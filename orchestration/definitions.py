@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
+from dagster import (AssetSelection, ConfigurableIOManagerFactory, ConfigurableResource, Definitions, EnvVar,
+                     define_asset_job)
 
 from covlab.assets.answers import answer_report, answers
 from covlab.assets.budgeted import (BUDGETED_SELECTION_ASSETS, comparison_report, item_embeddings, lmvu_ranker,
@@ -21,25 +23,29 @@ from covlab.assets.pools import bm25_index, bm25_pools
 from covlab.assets.promotions import PROMOTION_CHECKS, model_promotions
 from covlab.assets.report import coverage_report
 from covlab.assets.selections import SELECTION_ASSETS
-from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation
+from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation, with_nightly_condition
 from covlab.orchestration.distributed import distributed_jobs
-from covlab.orchestration.settings import covlab_home
+from covlab.orchestration.settings import covlab_home, dataset_registry, mlflow_tracking_uri
 from covlab.resources.artifacts import ArtifactStore
-from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.device import DeviceResource
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import LocalTableIOManager
+from covlab.resources.lineage import use_code_location_assets
 from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
 from covlab.resources.results_store import ResultsStore
 from covlab.resources.tracking import TrackingResource
 
-ASSETS = [dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
-          coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
-          *SELECTION_ASSETS, coverage_report, model_promotions, item_embeddings, token_counts, lmvu_ranker,
-          *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
-          # checks ride along: every materialization of their asset runs them
-          *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS]
+# The evaluation assets (the reports and what they read) carry the nightly's automation condition.
+ASSETS = with_nightly_condition([
+    dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
+    coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
+    *SELECTION_ASSETS, coverage_report, model_promotions, item_embeddings, token_counts, lmvu_ranker,
+    *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
+    # checks ride along: every materialization of their asset runs them
+    *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS])
+
+use_code_location_assets(ASSETS)  # what a running report's lineage reads config defaults and pools from
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
                              description="Every asset of one dataset partition (what `make demo` runs on demo).")
@@ -52,7 +58,7 @@ def default_resources(home: Path | None = None) -> dict:
     home = home or covlab_home()
     env = os.environ.get
     return {
-        "datasets": DatasetRegistry(registry_path=str(home / "datasets.json")),
+        "datasets": dataset_registry(home),
         "lucene": LuceneResource(log_dir=str(home / "logs")),
         "artifacts": ArtifactStore(root=env("COVLAB_ARTIFACTS_ROOT") or str(home / "artifacts")),
         "io_manager": LocalTableIOManager(base_dir=env("COVLAB_STORAGE_URL") or str(home / "storage")),
@@ -64,12 +70,33 @@ def default_resources(home: Path | None = None) -> dict:
                            api_key=EnvVar("COVLAB_LLM_API_KEY") if os.environ.get("COVLAB_LLM_API_KEY") else None),
         "device": DeviceResource(),
         "tracking": TrackingResource(
-            tracking_uri=env("COVLAB_MLFLOW_TRACKING_URI") or f"sqlite:///{home}/mlflow/mlflow.db",
+            tracking_uri=mlflow_tracking_uri(home),
             artifact_root=env("COVLAB_MLFLOW_ARTIFACT_ROOT") or str(home / "mlflow" / "artifacts")),
         "results": ResultsStore(url=env("COVLAB_RESULTS_URL") or f"sqlite:///{home}/results/results.db"),
         "evaluation": EvaluationResource(),
     }
 
 
-defs = Definitions(assets=ASSETS, jobs=[build_all, *distributed_jobs()], schedules=[nightly_reevaluation],
-                   sensors=[mlflow_candidate_sensor], resources=default_resources())
+def with_resource_settings(resources: Mapping[str, object], run_config: Mapping) -> dict:
+    """`run_config` with the settings it gives a resource (`resources: <key>: config: {...}`) laid over the
+    settings that resource already has in `resources` (default_resources: the COVLAB_* environment, then the
+    defaults), so that `llm: {config: {timeout_s: 5}}` changes timeout_s alone. Dagster itself takes the given
+    settings as the resource's whole config ("Missing required config entry cache_url"). An entry Dagster will
+    refuse (an unknown resource, a config that is not a mapping) is passed on unchanged for it to refuse."""
+    given = run_config.get("resources")
+    if not isinstance(given, Mapping):
+        return dict(run_config)
+    merged = {}
+    for key, entry in given.items():
+        resource = resources.get(key)
+        if isinstance(resource, (ConfigurableResource, ConfigurableIOManagerFactory)) and isinstance(entry, Mapping) \
+                and isinstance(entry.get("config"), Mapping):
+            current = resource.get_resource_definition().config_schema.as_field()
+            settings = current.default_value if current.default_provided else {}
+            entry = {**entry, "config": {**settings, **entry["config"]}}
+        merged[key] = entry
+    return {**run_config, "resources": merged}
+
+
+defs = Definitions(assets=ASSETS, jobs=[build_all, *distributed_jobs()],
+                   sensors=[nightly_reevaluation, mlflow_candidate_sensor], resources=default_resources())

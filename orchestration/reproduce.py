@@ -1,6 +1,6 @@
 """`covlab reproduce`: rebuild a reported figure from its lineage alone, and say whether it came out the same.
 
-From the lineage of the report materialization behind the figure (orchestration/lineage.py), every node once:
+From the lineage of the report materialization behind the figure (resources/lineage.py), every node once:
 - the source: the git commit every node recorded (metadata `git`, assets/outputs.py). A node built from a
   checkout with uncommitted changes, or with no recorded commit, cannot be rebuilt from a commit: refused
   unless `allow_dirty`, which rebuilds with this checkout as it is and says so. The rebuild runs in this
@@ -13,7 +13,9 @@ and results store) in a subprocess, like `covlab materialize`. Then, in dependen
 content version in the scratch instance is compared with the recorded one: the version its consumer read
 (load record), which is the writer's data version unless the stored value was altered in between. The
 first node that differs is named with both versions and what differs between the rebuilt value and the
-stored one; finally the figure itself is compared with the rebuilt results store's.
+stored one; finally the figure itself is compared with the rebuilt results store's. A trained model whose
+weights on disk no longer have their registered content hash is named in a note: a consumer that read those
+bytes diverges from the rebuild.
 """
 
 from __future__ import annotations
@@ -30,15 +32,16 @@ from pathlib import Path
 import yaml
 from dagster import AssetKey, DagsterInstance
 
-from covlab.assets.outputs import SOURCE_METADATA
-from covlab.models.versions import file_hash, value_differences
-from covlab.orchestration.lineage import (DATA_VERSION_TAG, LineageNode, audit_materialization,
-                                         latest_materialization, materialization_by_id, metadata_value)
+from covlab.models.versions import value_differences
+from covlab.resources.datasets import GENERATED_PATH, source_file_changes
 from covlab.resources.io_manager import read_stored
-from covlab.resources.source import PACKAGE_ROOT, SourceError, add_worktree, read_source_state, remove_worktree
+from covlab.resources.lineage import (DATA_VERSION_TAG, LineageNode, audit_materialization, disk_changes,
+                                      latest_materialization, materialization_by_id, metadata_value)
+from covlab.resources.source import (PACKAGE_ROOT, SOURCE_METADATA, SourceError, add_worktree, read_source_state,
+                                     remove_worktree)
+from covlab.resources.model_store import WEIGHTS_METADATA
 
 INGEST_FORMAT, INGEST_PATH, INGEST_FILES = "format", "path", "source_files"
-GENERATED = "(generated)"  # the ingest `path` of a dataset built by code (demo)
 FIGURE_KEYS = ("dataset", "method", "budget", "k", "split", "metric", "query_id")
 
 
@@ -155,7 +158,10 @@ def plan(instance: DagsterInstance, figure: dict, allow_dirty: bool = False) -> 
                                "checkout, or before covlab recorded its source); re-materialize them first")
     commits = {s["commit"] for s in sources.values()}
     commit = sources[report.asset_key]["commit"]
-    notes = []
+    # Weights rewritten on disk since registration: a consumer that read them (before loads were verified)
+    # computed from other bytes than the model's record says, so a divergence below it starts there.
+    notes = [f"{n.asset_key} [{n.partition}]: {change}; its consumers may have read those bytes"
+             for n in nodes if WEIGHTS_METADATA in n.shaped_by for change in disk_changes(n)]
     if len(commits) > 1:
         others = sorted(k for k, s in sources.items() if s["commit"] != commit)
         notes.append(f"the lineage spans {len(commits)} commits; rebuilt with the report's {commit[:10]}, so "
@@ -189,16 +195,11 @@ def _dataset(nodes: list[LineageNode], records: dict, partition: str) -> dict:
         if INGEST_FILES in metadata and INGEST_FORMAT in metadata:
             fmt, path = metadata_value(metadata[INGEST_FORMAT]), metadata_value(metadata[INGEST_PATH])
             files = metadata_value(metadata[INGEST_FILES]) or {}
-            if path != GENERATED:
-                root = Path(path)
-                for name, recorded in sorted(files.items()):
-                    where = root if root.is_file() else root / name
-                    if not where.is_file():
-                        raise ReproduceRefused(f"{where}: dataset file recorded at ingest is missing")
-                    if file_hash(where) != recorded:
-                        raise ReproduceRefused(f"{where}: SHA-256 {file_hash(where)[:16]}... differs from the "
-                                               f"{recorded[:16]}... recorded at ingest; the dataset changed")
-            return {"name": partition, "format": fmt, "path": None if path == GENERATED else path, "files": files}
+            changes = source_file_changes(path, files)
+            if changes:
+                raise ReproduceRefused(changes[0])
+            return {"name": partition, "format": fmt, "path": None if path == GENERATED_PATH else path,
+                    "files": files}
     raise ReproduceRefused(f"no ingest materialization in the lineage of partition {partition!r}")
 
 

@@ -23,10 +23,10 @@ from filelock import FileLock, Timeout
 from pydantic import Field
 
 from covlab.models.dataset import Dataset, Origin, check_dataset_name, raise_on_problems
-from covlab.models.versions import file_hash
 from covlab.models.schemas import SPLITS, DatasetError
+from covlab.models.versions import file_hash
 from covlab.resources.demo_dataset import build_demo_dataset
-from covlab.resources.files import read_csv, read_jsonl, read_tsv
+from covlab.resources.files import read_csv, read_jsonl, read_source, read_tsv, recording_sources
 from covlab.resources.io_manager import atomic_write
 
 
@@ -174,7 +174,7 @@ def _read_json(file: Path, kind: type):
     if not file.is_file():
         raise DatasetError(f"{file}: file not found")
     try:
-        value = json.loads(file.read_bytes().decode("utf-8"))
+        value = json.loads(read_source(file).decode("utf-8"))
     except UnicodeDecodeError:
         raise DatasetError(f"{file}: not valid UTF-8") from None
     except json.JSONDecodeError as exc:
@@ -185,15 +185,11 @@ def _read_json(file: Path, kind: type):
 
 
 def _finish(name: str, path: Path, tables: dict[str, pd.DataFrame], origins: dict[str, Origin]) -> Dataset:
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     defaults = {t: Origin(str(path), None) for t in ("corpus", "queries", "nuggets", "nugget_links", "qrels",
                                                       "candidates")}
     tables.setdefault("nuggets", pd.DataFrame(columns=["query_id", "nugget_id", "text"]))
     tables.setdefault("nugget_links", pd.DataFrame(columns=["query_id", "doc_id", "nugget_id", "grade"]))
-    ds = Dataset(name=name, **tables, origins={**defaults, **origins},
-                 source_hashes={str(f.relative_to(path)) if path.is_dir() else f.name: file_hash(str(f))
-                                for f in files})
-    return raise_on_problems(ds)
+    return raise_on_problems(Dataset(name=name, **tables, origins={**defaults, **origins}))
 
 
 READERS: dict[str, Callable[[Path, str], Dataset]] = {
@@ -204,6 +200,27 @@ FORMATS = ("demo", *READERS)
 GIVEN_POOL_DISTRACTORS = {"perspectrum": 20}
 
 
+# The ingest `path` metadata of a dataset built by code (demo): no files behind it.
+GENERATED_PATH = "(generated)"
+
+
+def source_file_changes(path: str, files: dict[str, str]) -> list[str]:
+    """What differs between the dataset at `path` and the SHA-256 of each of its files recorded at ingest
+    (`files`: relative name -> hash, Dataset.source_hashes), one line per missing or changed file; [] when
+    every file is as recorded, and for a generated dataset (GENERATED_PATH)."""
+    if path == GENERATED_PATH:
+        return []
+    root, changes = Path(path), []
+    for name, recorded in sorted(files.items()):
+        where = root if root.is_file() else root / name
+        if not where.is_file():
+            changes.append(f"{where}: dataset file recorded at ingest is missing")
+        elif (found := file_hash(where)) != recorded:
+            changes.append(f"{where}: SHA-256 {found[:16]}... differs from the {recorded[:16]}... recorded at "
+                           "ingest; the dataset changed")
+    return changes
+
+
 def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
     check_dataset_name(name)
     if fmt == "demo":
@@ -212,7 +229,13 @@ def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
         raise DatasetError(f"dataset {name!r}: unknown format {fmt!r}; expected one of {FORMATS}")
     if not path or not Path(path).exists():
         raise DatasetError(f"dataset {name!r}: path {path!r} does not exist")
-    return READERS[fmt](Path(path).resolve(), name)
+    root = Path(path).resolve()
+    with recording_sources() as read:
+        dataset = READERS[fmt](root, name)
+    # The SHA-256 of each file the reader read, of the very bytes it parsed (nothing else in the folder is read).
+    dataset.source_hashes = {str(f.relative_to(root)) if root.is_dir() else f.name: digest
+                             for f, digest in sorted(read.items())}
+    return dataset
 
 
 class DatasetRegistry(ConfigurableResource):
@@ -226,8 +249,25 @@ class DatasetRegistry(ConfigurableResource):
                                                           "process's lock on the registry file")
 
     def entries(self) -> dict[str, dict]:
+        """name -> {format, path} of every registered dataset; DatasetError naming the registry file, the line
+        and what was expected when the file is not what `register` writes (truncated, edited by hand)."""
         file = Path(self.registry_path)
-        stored = json.loads(file.read_text()) if file.exists() else {}
+        if not file.exists():
+            return {"demo": {"format": "demo", "path": None}}
+        expected = ('expected {"<name>": {"format": ..., "path": ...}} as `covlab dataset add` writes it; restore '
+                    "it from a backup, or move it away and add the datasets again")
+        try:
+            stored = json.loads(file.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError:
+            raise DatasetError(f"{file}: the dataset registry is not valid UTF-8; {expected}") from None
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{file}:{exc.lineno}: the dataset registry is not valid JSON ({exc.msg}, column "
+                               f"{exc.colno}); {expected}") from None
+        bad = next((name for name, entry in stored.items() if not isinstance(entry, dict)
+                    or not isinstance(entry.get("format"), str) or "path" not in entry), None) \
+            if isinstance(stored, dict) else "(top level)"
+        if bad is not None:
+            raise DatasetError(f"{file}: the dataset registry's entry {bad!r} is not a dataset; {expected}")
         return {"demo": {"format": "demo", "path": None}, **stored}
 
     def register(self, name: str, fmt: str, path: str | None, replace: bool = False) -> dict:

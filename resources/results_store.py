@@ -1,6 +1,6 @@
 """The results store: every figure a report asset computes, next to the materialization that produced it
 (Dagster run id, code and data versions, config), in a SQL database: SQLite under COVLAB_HOME by default,
-PostgreSQL when several machines share one (DESIGN.md "Conventions"). The lineage audit
+PostgreSQL when several machines share one. The lineage audit
 (`covlab audit --value 0.702`) starts here: a printed number leads to the run that computed it.
 
 The tables are declared once below (SQLAlchemy ORM); their history is the alembic migrations in
@@ -31,6 +31,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.pool import NullPool
 
 from covlab.models.schemas import FIGURES, STORED_FIGURES
+from covlab.resources.sqlite import ensure_sqlite_folder, sqlite_file
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 # Identifier columns: bounded so that the composite indexes fit every backend's key-length limit.
@@ -209,11 +210,14 @@ class ResultsStore(ConfigurableResource):
         return StoredReport(materialization_id=materialization_id, record=record,
                             created_at=_as_utc(materialization.created_at), figures=figures)
 
-    def latest_report(self, dataset: str, report_asset: str) -> StoredReport | None:
-        """The newest stored materialization of `report_asset` for `dataset`, or None."""
+    def latest_report(self, dataset: str, report_asset: str, confirmed_only: bool = False) -> StoredReport | None:
+        """The newest stored materialization of `report_asset` for `dataset` (`confirmed_only`: of those whose
+        Dagster materialization was seen), or None."""
         query = (select(ReportMaterialization.id)
-                 .where(ReportMaterialization.dataset == dataset, ReportMaterialization.report_asset == report_asset)
-                 .order_by(ReportMaterialization.created_at.desc(), ReportMaterialization.id.desc()).limit(1))
+                 .where(ReportMaterialization.dataset == dataset, ReportMaterialization.report_asset == report_asset))
+        if confirmed_only:
+            query = query.where(ReportMaterialization.confirmed_at.is_not(None))
+        query = (query.order_by(ReportMaterialization.created_at.desc(), ReportMaterialization.id.desc()).limit(1))
         with self.engine().connect() as connection:
             newest = connection.execute(query).scalar()
         return None if newest is None else self.report(newest)
@@ -297,24 +301,6 @@ class ResultsStore(ConfigurableResource):
 
     def _safe_url(self) -> str:
         return make_url(self.url).render_as_string(hide_password=True)
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The database file a SQLite URL names; None for other backends, in-memory databases and file: URIs."""
-    if not url.startswith("sqlite"):
-        return None
-    database = make_url(url).database
-    if database and database != ":memory:" and not database.startswith("file:"):
-        return Path(database)
-    return None
-
-
-def ensure_sqlite_folder(url: str) -> None:
-    """Create the folder of a SQLite database file (SQLite creates the file, not its folder); other URLs
-    are left alone."""
-    database = sqlite_file(url)
-    if database is not None:
-        database.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _record(row: ReportMaterialization) -> ReportRecord:

@@ -14,6 +14,11 @@ from pathlib import Path
 
 # The checkout holding this package: the repository root is the package folder `covlab`.
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+# Metadata entry of every materialization (assets/outputs.py): {"commit": ..., "dirty": ...} of the code that ran.
+SOURCE_METADATA = "git"
+# Metadata entry: Python, machine and, when the step used torch, its version and intra-op thread count (a
+# different thread count may change float reductions, so a rebuild elsewhere may differ in the last bits).
+RUNTIME_METADATA = "runtime"
 
 
 class SourceError(RuntimeError):

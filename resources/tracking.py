@@ -1,10 +1,10 @@
-"""Trained selectors as MLflow registered model versions (DESIGN.md "Conventions").
+"""Trained selectors as MLflow registered model versions.
 
 A training opens its MLflow run before it starts (`training_run`), so the run's start and duration are the
 training's; the trainer logs each epoch's figures as metric steps while it runs, and a failure ends the run
 as FAILED. The weights directory a model's `save_pretrained` wrote (safetensors, config, tokenizer files) is
 logged as run artifacts, byte for byte, so it reloads with any batch size (not torch.export, which fixes the batch
-size: ENVIRONMENT.md "MLflow 3.17"). The run's parameters, metrics and tags go with it; the version is
+size in MLflow 3.17). The run's parameters, metrics and tags go with it; the version is
 registered under a model name with the same tags and gets the alias `candidate`, which an evaluation may
 promote to `champion`. Beside the weights goes an MLmodel file with the model's signature (what it reads,
 what number it returns) and an input example, so the version page shows them and
@@ -13,11 +13,13 @@ what number it returns) and an input example, so the version page shows them and
 Every call goes through an MlflowClient with explicit tracking and registry URIs; no mlflow global
 (tracking URI, active run) is read or changed. Nothing secret is logged: parameters and tags whose name
 looks like a secret, or whose value contains the value of an environment variable whose name looks like a
-secret, are redacted, and a weights directory holding such a value is refused.
+secret (in any common encoding: resources/secrets.py), are redacted, and a weights directory holding such a
+value is refused.
 """
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import re
@@ -26,38 +28,29 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
-from covlab.resources.results_store import ensure_sqlite_folder
+from covlab.models.versions import directory_hash
+from covlab.resources.model_store import (CONTENT_HASH_TAG, INPUT_EXAMPLE_FILE, MLFLOW_FILES, MLMODEL_FILE,
+                                         SERVING_LOADER, ModelStore, ModelVersionRef, serving_signature,
+                                         version_ref)
+from covlab.resources.secrets import SECRET_ENV_PATTERN, contains_secret, environment_secrets
 
 # Parameter and tag names that hold secrets: llm.api_key, apiKey, db.password, hf_token, llm.token (not
 # token_budget, max_tokens or tokenizer.pad_token, which this project logs).
 SECRET_NAME_PATTERN = (r"(?i)(api_?key|secret|passw(or)?d|credential|(^|[.\-])token$"
                        r"|(access|auth|bearer|api|hf|refresh)[_\-]?token$)")
-# Environment variables whose values are secrets: COVLAB_LLM_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY (not
-# TOKENIZERS_PARALLELISM).
-SECRET_ENV_PATTERN = r"(?i)(^|_)(api_?key|key|token|secret|password|passwd|credentials?)(_|$)"
 REDACTED = "[redacted]"
-# What `TrainingRun.register` writes beside the weights (MLflow's model metadata and input example).
-MLMODEL_FILE, INPUT_EXAMPLE_FILE = "MLmodel", "input_example.json"
-# The address `make mlflow-ui` serves: links to a version when the tracking URI is not an MLflow server.
-LOCAL_MLFLOW_UI = "http://127.0.0.1:5000"
+# The port `make mlflow-ui` serves the MLflow UI on (the Makefile exports MLFLOW_PORT) and its default: links to
+# a version point there when the tracking URI is not an MLflow server and no ui_url is set.
+MLFLOW_PORT_ENV, DEFAULT_MLFLOW_PORT = "MLFLOW_PORT", "5000"
+# The tag of a training run naming the Dagster run that trained it (assets/model_registry.py: registration_tags).
+DAGSTER_RUN_TAG = "dagster.run_id"
 
-
-@dataclass(frozen=True)
-class ModelVersionRef:
-    """One registered model version; `uri` is what mlflow loaders and the asset metadata use."""
-
-    name: str
-    version: int
-    uri: str
-    run_id: str | None
-    source: str
-    tags: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
-    aliases: tuple[str, ...] = field(default=(), compare=False)
+_LOG = logging.getLogger("covlab.tracking")
 
 
 class TrackingResource(ConfigurableResource):
@@ -80,21 +73,39 @@ class TrackingResource(ConfigurableResource):
                                     "or logged file")
     min_secret_length: int = Field(8, description="environment values shorter than this are not treated as "
                                                   "secrets when searching values and files")
+    lock_timeout_s: float = Field(300.0, gt=0, description="how long a first use waits for another process "
+                                                         "creating or migrating the same SQLite database")
     ui_url: str | None = Field(None, description="MLflow UI address for links to model versions; None: the "
                                                  "tracking URI when it is an http(s) server, else "
-                                                 f"{LOCAL_MLFLOW_UI} (make mlflow-ui)")
+                                                 f"http://127.0.0.1:${MLFLOW_PORT_ENV} (make mlflow-ui; "
+                                                 f"{DEFAULT_MLFLOW_PORT} when unset)")
 
-    _mlflow_client: Any = PrivateAttr(default=None)
+    _store: Any = PrivateAttr(default=None)
 
-    def log_model_version(self, name: str, weights_dir: Path, params: dict, metrics: dict,
-                          tags: dict[str, str], example: Any = None, output: str = "score") -> ModelVersionRef:
-        """Log `weights_dir` with params, metrics and tags as one MLflow run, register it as a new version
-        of `name` carrying the same tags, and point the candidate alias at it (a model trained elsewhere; a
-        training in this process uses `training_run`, whose run spans it)."""
-        self._weights_files(Path(weights_dir), self._secret_values())  # refused before a run exists
-        _numbers(name, metrics)
-        with self.training_run(name, params, tags) as run:
-            return run.register(weights_dir, metrics, example=example, output=output)
+    def store(self) -> ModelStore:
+        """The registry these settings name (resources/model_store.py), opened on first use."""
+        if self._store is None:
+            self._store = ModelStore(self.tracking_uri, self.registry_uri, self.lock_timeout_s)
+        return self._store
+
+    def _client(self):
+        return self.store().client()
+
+    def version_for_alias(self, name: str, alias: str) -> ModelVersionRef | None:
+        """The version `alias` points at, or None when the model or the alias does not exist."""
+        return self.store().version_for_alias(name, alias)
+
+    def versions(self, name: str) -> list[ModelVersionRef]:
+        """Every version of `name` with its tags and aliases, oldest first; [] when it is not registered."""
+        return self.store().versions(name)
+
+    def download(self, ref: ModelVersionRef, dst: Path | None = None, content_hash: str | None = None) -> Path:
+        """The version's weights, verified (ModelStore.download) under this resource's artifact folder name."""
+        return self.store().download(ref, dst, content_hash, self.weights_artifact_path)
+
+    def metric(self, ref: ModelVersionRef, key: str) -> float:
+        """The last logged value of metric `key` of the run that produced `ref` (ModelStore.metric)."""
+        return self.store().metric(ref, key)
 
     @contextmanager
     def training_run(self, name: str, params: dict, tags: dict[str, str]) -> Iterator["TrainingRun"]:
@@ -118,67 +129,49 @@ class TrackingResource(ConfigurableResource):
             yield training
         except BaseException:
             if not training.ended:
-                training.end("FAILED")
+                training.fail()
             raise
         if not training.ended:
             training.end("FINISHED")
 
+    def end_orphaned_runs(self, name: str, over: Callable[[str], bool]) -> list[str]:
+        """Ends FAILED the training runs of model `name` still RUNNING although the Dagster run that trained them
+        (tag dagster.run_id) is `over` (ended, or gone): a process killed, or a full disk that let no end be
+        recorded, leaves them RUNNING for good otherwise. Returns the MLflow run ids ended."""
+        client = self._client()
+        experiment = client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            return []
+        ended = []
+        for run in client.search_runs([experiment.experiment_id], "attributes.status = 'RUNNING'"):
+            dagster_run = run.data.tags.get(DAGSTER_RUN_TAG)
+            if run.info.run_name == name and dagster_run and over(dagster_run):
+                client.set_terminated(run.info.run_id, "FAILED")
+                ended.append(run.info.run_id)
+        return ended
+
+    def ui_base_url(self) -> str:
+        """Where the MLflow UI of this tracking store is served (`ui_url`'s description says how it is found)."""
+        if self.ui_url:
+            return self.ui_url.rstrip("/")
+        if self.tracking_uri.startswith(("http://", "https://")):
+            return self.tracking_uri.rstrip("/")
+        return f"http://127.0.0.1:{os.environ.get(MLFLOW_PORT_ENV) or DEFAULT_MLFLOW_PORT}"
+
     def version_url(self, ref: ModelVersionRef) -> str:
-        """The MLflow UI page of a model version (`ui_url`)."""
+        """The MLflow UI page of a model version (`ui_base_url`)."""
         from urllib.parse import quote
 
-        base = self.ui_url or (self.tracking_uri if self.tracking_uri.startswith(("http://", "https://"))
-                               else LOCAL_MLFLOW_UI)
-        return f"{base.rstrip('/')}/#/models/{quote(ref.name, safe='')}/versions/{ref.version}"
-
-    def version_for_alias(self, name: str, alias: str) -> ModelVersionRef | None:
-        """The version `alias` points at, or None when the model or the alias does not exist."""
-        aliases = self._aliases(name)
-        if aliases is None or alias not in aliases:
-            return None
-        version = self._client().get_model_version(name, str(aliases[alias]))
-        return _ref(version, _aliases_of(aliases, int(version.version)))
+        return f"{self.ui_base_url()}/#/models/{quote(ref.name, safe='')}/versions/{ref.version}"
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point `alias` (e.g. champion) at `version` of `name`, moving it from any other version."""
         self._client().set_registered_model_alias(name, alias, str(version))
 
-    def versions(self, name: str) -> list[ModelVersionRef]:
-        """Every version of `name` with its tags and aliases, oldest first; [] when it is not registered."""
-        aliases = self._aliases(name)
-        if aliases is None:
-            return []
-        client, found, token = self._client(), [], None
-        while True:
-            page = client.search_model_versions(f"name = '{name}'", page_token=token)
-            found.extend(page)
-            token = page.token
-            if not token:
-                break
-        return sorted((_ref(v, _aliases_of(aliases, int(v.version))) for v in found), key=lambda r: r.version)
-
-    def download(self, ref: ModelVersionRef, dst: Path | None = None) -> Path:
-        """The version's weights directory, files byte-identical to those logged, at `dst` (absent or empty)
-        or in a new temporary folder. Downloaded beside the target and renamed into place."""
-        import mlflow.artifacts
-
-        if dst is None:
-            dst = Path(tempfile.mkdtemp(prefix=f"covlab-{ref.name}-v{ref.version}-")) / self.weights_artifact_path
-        target = Path(dst)
-        if target.exists() and any(target.iterdir()):
-            raise FileExistsError(f"{target}: not empty; expected an absent or empty folder for the weights "
-                                  f"of {ref.uri}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as work:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=work,
-                                                        tracking_uri=self.tracking_uri,
-                                                        registry_uri=self._registry_uri())
-            if target.exists():
-                target.rmdir()
-            for added in (MLMODEL_FILE, INPUT_EXAMPLE_FILE):  # MLflow's metadata, not the weights
-                Path(local, added).unlink(missing_ok=True)
-            os.replace(local, target)
-        return target
+    def set_version_tag(self, ref: ModelVersionRef, key: str, value: str) -> None:
+        """Tag a model version (e.g. the figure that promoted it), redacted as every tag is."""
+        (safe,) = self._redacted({key: value}, self._secret_values()).values()
+        self._client().set_model_version_tag(ref.name, str(ref.version), key, safe)
 
     def log_metric(self, ref: ModelVersionRef, key: str, value: float) -> None:
         """Record a figure measured after training (e.g. the dev score an evaluation gave this version) on
@@ -187,36 +180,17 @@ class TrackingResource(ConfigurableResource):
             raise KeyError(f"{ref.uri} has no MLflow run to log {key!r} on")
         self._client().log_metric(ref.run_id, key, float(value))
 
-    def metric(self, ref: ModelVersionRef, key: str) -> float:
-        """The last logged value of metric `key` of the run that produced `ref` (champion/candidate
-        comparison); KeyError naming the logged metrics when it is absent."""
-        if ref.run_id is None:
-            raise KeyError(f"{ref.uri} has no MLflow run, so no metric {key!r}")
-        logged = self._client().get_run(ref.run_id).data.metrics
-        if key not in logged:
-            raise KeyError(f"{ref.uri} (run {ref.run_id}) has no metric {key!r}; logged: {sorted(logged)}")
-        return float(logged[key])
-
     def _weights_files(self, weights_dir: Path, secrets: dict[str, str]) -> list[Path]:
         files = sorted(p for p in weights_dir.rglob("*") if p.is_file()) if weights_dir.is_dir() else []
         if not files:
             raise FileNotFoundError(f"{weights_dir}: no files to log; expected the folder that "
                                     "save_pretrained wrote (safetensors, config, tokenizer files)")
-        clashing = [f.name for f in files if f.parent == weights_dir and f.name in (MLMODEL_FILE, INPUT_EXAMPLE_FILE)]
+        clashing = [f.name for f in files if f.parent == weights_dir and f.name in MLFLOW_FILES]
         if clashing:
             raise ValueError(f"{weights_dir} holds {clashing}; those names are MLflow's model metadata, written "
                              "beside the weights at registration")
         _refuse_secrets_in(files, secrets)
         return files
-
-    def _client(self):
-        if self._mlflow_client is None:
-            from mlflow import MlflowClient
-
-            for uri in (self.tracking_uri, self._registry_uri()):
-                ensure_sqlite_folder(uri)
-            self._mlflow_client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self._registry_uri())
-        return self._mlflow_client
 
     def _registry_uri(self) -> str:
         # Explicit, so that MLFLOW_REGISTRY_URI or mlflow.set_registry_uri elsewhere cannot redirect us.
@@ -252,28 +226,15 @@ class TrackingResource(ConfigurableResource):
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
 
-    def _aliases(self, name: str) -> dict[str, int] | None:
-        """alias -> version of a registered model; None when `name` is not registered."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            model = self._client().get_registered_model(name)
-        except MlflowException as exc:
-            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
-        return {alias: int(version) for alias, version in model.aliases.items()}
-
     def _secret_values(self) -> dict[str, str]:
         """Environment variables whose name looks like a secret: name -> value."""
-        return {name: value for name, value in os.environ.items()
-                if re.search(self.secret_env_pattern, name) and len(value) >= self.min_secret_length}
+        return environment_secrets(pattern=self.secret_env_pattern, min_length=self.min_secret_length)
 
     def _redacted(self, mapping: Mapping[str, Any], secrets: dict[str, str]) -> dict[str, str]:
         safe = {}
         for key, value in mapping.items():
             text = str(value)
-            hides_secret = re.search(self.secret_name_pattern, key) or any(s in text for s in secrets.values())
+            hides_secret = re.search(self.secret_name_pattern, key) or contains_secret(text, secrets.values())
             safe[key] = REDACTED if hides_secret else text
         return safe
 
@@ -297,11 +258,13 @@ class TrainingRun:
             self.tracking._client().log_batch(self.run_id, metrics=batch)
 
     def register(self, weights_dir: str | Path, metrics: Mapping[str, Any], example: Any = None,
-                 output: str = "score") -> ModelVersionRef:
-        """Log the final `metrics` and the weights, with an MLmodel whose signature reads the columns of
-        `example` (a small DataFrame of real inputs, also saved as the input example) and returns one
-        number named `output`; end the run FINISHED; register the weights as a new version of the model
-        with the run's tags and point the candidate alias at it."""
+                 output: str = "score", serving: Serving | None = None) -> ModelVersionRef:
+        """Log the final `metrics` and the weights, with an MLmodel: with `serving`, an MLflow pyfunc that
+        selects contexts (serving/pyfunc.py: the request signature, the serving config, a real request as the
+        input example); else a signature reading the columns of `example` (a small DataFrame of real inputs,
+        also saved as the input example) and returning one number named `output`. End the run FINISHED;
+        register the weights as a new version of the model with the run's tags and point the candidate alias
+        at it."""
         from mlflow.entities import Metric
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
@@ -313,33 +276,73 @@ class TrainingRun:
         for start in range(0, len(metric_list), MAX_METRICS_PER_BATCH):
             client.log_batch(self.run_id, metrics=metric_list[start:start + MAX_METRICS_PER_BATCH])
         client.log_artifacts(self.run_id, str(weights_dir), tracking.weights_artifact_path)
-        if example is not None:
+        if example is not None or serving is not None:
             with tempfile.TemporaryDirectory() as folder:
-                _write_model_metadata(Path(folder), self.run_id, tracking.weights_artifact_path, example, output)
+                _write_model_metadata(Path(folder), self.run_id, tracking.weights_artifact_path, example, output,
+                                      serving)
                 client.log_artifacts(self.run_id, folder, tracking.weights_artifact_path)
         self.end("FINISHED")
         tracking._ensure_registered_model(self.name)
         version = client.create_model_version(self.name, f"{self.artifact_uri}/{tracking.weights_artifact_path}",
                                               run_id=self.run_id, tags=self.tags)
+        client.set_model_version_tag(self.name, str(version.version), CONTENT_HASH_TAG, directory_hash(weights_dir))
         client.set_registered_model_alias(self.name, tracking.candidate_alias, str(version.version))
-        return _ref(version, (tracking.candidate_alias,))
+        return version_ref(version, (tracking.candidate_alias,))
 
     def end(self, status: str) -> None:
         self.tracking._client().set_terminated(self.run_id, status)
         self.ended = True
 
+    def fail(self) -> None:
+        """Ends the run FAILED once what it logged of the weights is removed: a failed training registers no
+        version, and a copy cut short by a full disk must not stay, nor hold the space that recording the end
+        needs. If the end cannot be recorded either, that is logged and the training's own error stands
+        (`TrackingResource.end_orphaned_runs` ends the run later)."""
+        from mlflow.store.artifact.artifact_repository_registry import (
+            get_artifact_repository,
+        )
 
-def _write_model_metadata(folder: Path, run_id: str, artifact_path: str, example, output: str) -> None:
-    """MLmodel (signature: the example's columns in, one double `output` out) and the example in MLflow's
-    pandas "split" layout, as `mlflow.models.Model.load_input_example` reads it."""
+        try:
+            get_artifact_repository(self.artifact_uri).delete_artifacts(self.tracking.weights_artifact_path)
+        except Exception as exc:  # nothing logged yet, or a store that cannot delete: the run's end matters more
+            _LOG.debug("could not remove the weights logged by MLflow run %s: %s", self.run_id, exc)
+        try:
+            self.end("FAILED")
+        except Exception as exc:
+            _LOG.warning("MLflow run %s of %s could not be marked FAILED (%s: %s); the next training of %s does",
+                         self.run_id, self.name, type(exc).__name__, str(exc).splitlines()[0], self.name)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How a registered version serves as an MLflow pyfunc (serving/pyfunc.py): the registry method it runs, a
+    real request as the input example ({query, candidates, budget_tokens | k}) and the figures its gate reads
+    (the estimator's dev ROC-AUC)."""
+    method: str
+    example: Mapping[str, Any]
+    figures: Mapping[str, float] = field(default_factory=dict)
+
+
+def _write_model_metadata(folder: Path, run_id: str, artifact_path: str, example, output: str,
+                          serving: Serving | None = None) -> None:
+    """MLmodel and its input example in MLflow's pandas "split" layout, as `mlflow.models.Model
+    .load_input_example` reads it: a pyfunc flavor with the serving signature (`serving`), else a signature
+    of the example's columns in and one double `output` out."""
     import pandas as pd
     from mlflow.models import Model, ModelSignature, infer_signature
+    from mlflow.pyfunc import add_to_model
     from mlflow.types import ColSpec, DataType, Schema
 
-    example = pd.DataFrame(example).reset_index(drop=True)
     model = Model(artifact_path=artifact_path, run_id=run_id)
-    model.signature = ModelSignature(inputs=infer_signature(example).inputs,
-                                     outputs=Schema([ColSpec(DataType.double, output)]))
+    if serving is not None:
+        example = pd.DataFrame([dict(serving.example)])
+        model.signature = serving_signature()
+        add_to_model(model, loader_module=SERVING_LOADER, data=".",
+                     model_config={"method": serving.method, "figures": dict(serving.figures)})
+    else:
+        example = pd.DataFrame(example).reset_index(drop=True)
+        model.signature = ModelSignature(inputs=infer_signature(example).inputs,
+                                         outputs=Schema([ColSpec(DataType.double, output)]))
     (folder / INPUT_EXAMPLE_FILE).write_text(example.to_json(orient="split", index=False))
     model.saved_input_example_info = {"artifact_path": INPUT_EXAMPLE_FILE, "type": "dataframe",
                                       "pandas_orient": "split"}
@@ -379,13 +382,3 @@ def _refuse_secrets_in(files: list[Path], secrets: dict[str, str]) -> None:
                 if content.find(value.encode()) != -1:
                     raise ValueError(f"{file} contains the value of the environment variable {name}; "
                                      "refusing to log it to MLflow")
-
-
-def _aliases_of(aliases: dict[str, int], version: int) -> tuple[str, ...]:
-    return tuple(sorted(alias for alias, target in aliases.items() if target == version))
-
-
-def _ref(version, aliases: tuple[str, ...]) -> ModelVersionRef:
-    return ModelVersionRef(name=version.name, version=int(version.version),
-                           uri=f"models:/{version.name}/{version.version}", run_id=version.run_id or None,
-                           source=version.source, tags=dict(version.tags), aliases=aliases)

@@ -1,4 +1,11 @@
-"""Shared fixtures: an isolated COVLAB_HOME per test, the shared datasets (skipped when absent)."""
+"""Shared fixtures (an isolated COVLAB_HOME per test, the shared datasets, skipped when absent, one `make demo`
+per session) and the suite's tiers.
+
+Tiers (markers, README "Tests"): `pipeline` tests build or serve the whole demo pipeline (every test that reads
+`demo_home`, and the modules that mark themselves), `services` tests need PostgreSQL, Redis or Chromium, `unit`
+is everything else; a test may be both pipeline and services. `make test` runs all of them on two xdist workers
+with `--dist loadgroup`: the tests of one module share a worker (their module fixtures are built once), and every
+test of the demo home shares one, so `make demo` runs once per suite."""
 
 import os
 import signal
@@ -8,6 +15,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # Haystack otherwise posts usage events on each run
 
 # A suite started in the background by a non-interactive shell (`cmd &`, nohup, some CI runners) inherits SIGINT
 # ignored. Every in-process Dagster run on the main thread then leaves SIGTERM with SIGINT's disposition
@@ -27,6 +35,30 @@ def shared_dataset(name: str) -> Path:
     if not path.is_dir():
         pytest.skip(f"{path} is absent: the real datasets live in ../shared/data (CI always has them)")
     return path
+
+
+# `make demo` as the demo_home fixture runs it: 3-5 min on 2 idle cores, much longer on a loaded machine.
+DEMO_BUILD_TIMEOUT_S = 1500
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    # A demo home's first test also waits for the build: its timeout is the build's plus the suite's own.
+    demo_timeout = DEMO_BUILD_TIMEOUT_S + float(config.getini("timeout"))
+    order = {}
+    for item in items:
+        on_demo = "demo_home" in item.fixturenames
+        if on_demo:
+            item.add_marker(pytest.mark.pipeline)
+            item.add_marker(pytest.mark.timeout(demo_timeout))
+        pipeline = item.get_closest_marker("pipeline") is not None
+        if not (pipeline or item.get_closest_marker("services")):
+            item.add_marker(pytest.mark.unit)
+        item.add_marker(pytest.mark.xdist_group("demo_home" if on_demo else item.path.stem))
+        order[item.nodeid] = 0 if on_demo else 1 if pipeline else 2
+    # The longest groups first, so that a worker starts on them at once while the other takes the rest: the demo
+    # home's tests, then the other pipeline tests (a stable sort keeps each module's order).
+    items.sort(key=lambda item: order[item.nodeid])
 
 
 @pytest.fixture
@@ -75,3 +107,69 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     from tiny_bert import save_tiny_bert
 
     return Path(save_tiny_bert(tmp_path_factory.mktemp("tiny-bert")))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir) -> str:
+    """The tiny BERT's folder as the trainers and encoders take it (a path string)."""
+    return str(tiny_model_dir)
+
+
+class NightlyTicks:
+    """The nightly automation (orchestration/automation.py) evaluated on `instance` as its sensor does, with one
+    cursor across ticks: each `night(defs)` ticks at 01:59 and 02:01 UTC of the next day and returns what the
+    02:01 tick requested, {asset key: partitions}; the 01:59 tick must request nothing. `defs`: a Definitions,
+    or asset definitions that need no resources."""
+
+    def __init__(self, instance):
+        from datetime import datetime, timezone
+
+        self.instance, self.cursor = instance, None
+        self.day = datetime(2026, 12, 1, tzinfo=timezone.utc)
+
+    def tick(self, defs, hour: int, minute: int) -> dict[str, set[str]]:
+        from functools import lru_cache
+        from unittest import mock
+
+        from dagster import AssetSelection, Definitions, evaluate_automation_conditions
+
+        defs = defs if isinstance(defs, Definitions) else Definitions(assets=defs)
+        # The daemon reads the dataset partitions once per tick (its instance queryer caches them); Dagster's test
+        # evaluator asks the instance each time it writes the cursor, thousands of SQLite queries per tick on the
+        # pipeline's graph. One tick cannot add a partition, so it is answered from a cache for the tick.
+        partitions = lru_cache(maxsize=None)(self.instance.get_dynamic_partitions)
+        with mock.patch.object(self.instance, "get_dynamic_partitions", partitions):
+            result = evaluate_automation_conditions(defs=defs, instance=self.instance, cursor=self.cursor,
+                                                    asset_selection=AssetSelection.all(),
+                                                    evaluation_time=self.day.replace(hour=hour, minute=minute))
+        self.cursor = result.cursor
+        return {key.to_user_string(): set(result.get_requested_partitions(key))
+                for key in defs.resolve_asset_graph().get_all_asset_keys() if result.get_requested_partitions(key)}
+
+    def night(self, defs) -> dict[str, set[str]]:
+        from datetime import timedelta
+
+        assert self.tick(defs, 1, 59) == {}, "requested before the cron tick"
+        requested = self.tick(defs, 2, 1)
+        self.day += timedelta(days=1)
+        return requested
+
+
+@pytest.fixture
+def nightly():
+    """`nightly(instance)`: a NightlyTicks on that instance."""
+    return NightlyTicks
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory):
+    """`make demo` exactly as the README says, into a fresh COVLAB_HOME, once per session; its output (stdout and
+    stderr, as a terminal shows them). Tests that change the home work on a copy of it."""
+    import subprocess
+
+    home = tmp_path_factory.mktemp("demo") / "home"
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
+    done = subprocess.run(["make", "demo"], cwd=ROOT, env={**env, "COVLAB_HOME": str(home)}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=DEMO_BUILD_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-6000:]
+    return home, done.stdout

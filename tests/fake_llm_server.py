@@ -2,8 +2,9 @@
 
 It runs the standard library's threading HTTP server in a background thread on 127.0.0.1 (a free port) and
 answers each request with the next scripted `Reply` (an answer, an HTTP error with an optional Retry-After, a
-hang past the client's timeout, a body that is not a completion, a body trickled a byte at a time, a huge body
-streamed in chunks that are never all in memory at once), falling back to a `responder` function once the
+hang past the client's timeout, a body that is not a completion, a body trickled a byte at a time, a status
+line and headers trickled a byte at a time, a huge body streamed in chunks that are never all in memory at
+once), falling back to a `responder` function once the
 script is used up. Every request is recorded with its headers (Authorization included, so a test can see
 that the key was sent), its JSON body and its arrival time; the most requests ever in flight at once is kept.
 """
@@ -35,6 +36,8 @@ class Reply:
     chunk_interval_s: float = 0.0  # sleep between streamed chunks
     declare_length: bool = True  # send Content-Length for a streamed body (else it ends when the socket closes)
     usage: dict | None = None  # the completion's `usage` ({"prompt_tokens": n, "completion_tokens": m}); None: absent
+    head_interval_s: float = 0.0  # > 0: the status line and headers are written one byte every this many seconds
+    head_padding: int = 0  # bytes of an extra header, to make a trickled head last
 
     @classmethod
     def answer(cls, content: str, delay_s: float = 0.0, usage: dict | None = None) -> Reply:
@@ -56,6 +59,12 @@ class Reply:
     def trickle(cls, total_bytes: int, interval_s: float, status: int = 200) -> Reply:
         """Headers at once, then the body one byte every `interval_s`: no single read ever waits long."""
         return cls(status=status, stream_bytes=total_bytes, chunk_bytes=1, chunk_interval_s=interval_s)
+
+    @classmethod
+    def slow_head(cls, interval_s: float, padding: int = 10_000, content: str = "late") -> Reply:
+        """The status line and headers one byte every `interval_s` (with a `padding`-byte header, so that they
+        last), then a completion: a client whose timeouts bound each read never times out."""
+        return cls(content=content, head_interval_s=interval_s, head_padding=padding)
 
     @classmethod
     def huge(cls, total_bytes: int, status: int = 200, declare_length: bool = True) -> Reply:
@@ -163,6 +172,9 @@ class FakeLLMServer:
                         **({"usage": reply.usage} if reply.usage is not None else {}),
                     }).encode("utf-8")
                 try:
+                    if reply.head_interval_s:
+                        self._trickle_head(reply, payload)
+                        return
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(payload)))
@@ -172,6 +184,14 @@ class FakeLLMServer:
                     self.wfile.write(payload)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a scripted timeout)
+
+            def _trickle_head(self, reply: Reply, payload: bytes) -> None:
+                head = (f"HTTP/1.1 {reply.status} OK\r\nContent-Type: application/json\r\n"
+                        f"X-Padding: {'p' * reply.head_padding}\r\nContent-Length: {len(payload)}\r\n\r\n")
+                for byte in head.encode("ascii"):
+                    self.wfile.write(bytes([byte]))
+                    time.sleep(reply.head_interval_s)
+                self.wfile.write(payload)
 
             def _stream(self, reply: Reply) -> None:
                 chunk = b"x" * reply.chunk_bytes

@@ -4,20 +4,28 @@ branch, each node once, with its cost; --full is every input; --json is typed; -
 results store holds; the cost counts each step once and adds up."""
 
 import json
+import os
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from dagster import (AssetKey, AssetOut, Config, DagsterInstance, DynamicPartitionsDefinition, MetadataValue,
                      Output, asset, materialize, multi_asset)
 
+from safetensors.numpy import save_file
+
+from covlab.assets.outputs import content_output
+from covlab.models.versions import directory_hash
 from covlab.orchestration.cli import main
 from covlab.orchestration.definitions import default_resources
-from covlab.orchestration.lineage import (COST, REPORT_ID, LineageNode, StepClock, audit_materialization,
-                                          branch_nodes, lineage_cost, record_report_lineage, render_branch,
-                                          report_branch, unique_nodes)
 from covlab.orchestration.settings import dagster_home
+from covlab.resources.lineage import (COST, REPORT_ID, TRAINING, LineageNode, StepClock, TrainingSummary,
+                                      audit_materialization, branch_nodes, lineage_cost, record_report_lineage,
+                                      render_branch, report_branch, unique_nodes)
 from covlab.resources.io_manager import LocalTableIOManager
 from covlab.resources.results_store import ReportRecord, ResultsStore
+from covlab.resources.model_store import WEIGHTS_HASH, WEIGHTS_METADATA
 
 DATASETS = DynamicPartitionsDefinition(name="datasets")
 FIRST, SECOND = 0.612345, 0.587654  # the report's figures of first_method and second_method
@@ -41,8 +49,7 @@ def pools(config: PoolConfig, corpus: pd.DataFrame, queries: pd.DataFrame) -> Ou
 
 @asset(partitions_def=DATASETS)
 def selection_first(pools: pd.DataFrame) -> Output[pd.DataFrame]:
-    return Output(pools.head(1), metadata={"history": MetadataValue.json([{"epoch": 1}, {"epoch": 2}]),
-                                           "train_pairs": 40})
+    return Output(pools.head(1), metadata={TRAINING: MetadataValue.json(TrainingSummary(epochs=2, pairs=40).to_dict())})
 
 
 LLM_USAGE = {"cached": 2, "sent": 5, "prompt_tokens": 900, "completion_tokens": 80, "answers_without_usage": 0}
@@ -155,7 +162,7 @@ def test_cost_counts_each_step_once_and_adds_up(built):
     assert all(step.seconds is not None and step.seconds >= 0 for step in cost.steps)
     assert cost.seconds == pytest.approx(sum(step.seconds for step in cost.steps), abs=1e-6)
     assert cost.gpu_seconds == pytest.approx(steps["pools"].seconds) and steps["pools"].pool == "gpu"
-    assert cost.training == {"epochs": 2, "pairs": 40}
+    assert cost.training == {"models": 1, "epochs": 2, "pairs": 40}
     assert cost.llm == {**LLM_USAGE, "llm_steps_without_usage": 0}
     assert "LLM: 5 requests sent, 2 answers from the cache, 900 prompt + 80 completion tokens" in cost.render()
     assert cost.to_dict()["seconds"] == cost.seconds and cost.to_dict()["runs"] == 1
@@ -187,3 +194,143 @@ def test_a_report_without_method_inputs_has_no_branch():
     assert report_branch(report, ["first_method"]) is None
     recorded = LineageNode("new_report", "demo", 3, method_inputs={"first_method": ["selection_first"]})
     assert report_branch(recorded, ["another_method"]) is None
+
+
+@asset(partitions_def=DATASETS)
+def estimator() -> Output[pd.DataFrame]:
+    return Output(pd.DataFrame({"p": [0.5]}))
+
+
+@asset(partitions_def=DATASETS, deps=[AssetKey("estimator")])
+def gold_teacher(queries: pd.DataFrame) -> Output[pd.DataFrame]:
+    """Like mcompass_teacher with the gold teacher: a dependency without data (the estimator), never built."""
+    return Output(queries.assign(logit=0.0))
+
+
+def test_a_dependency_without_data_that_was_never_built_audits(instance, covlab_home):
+    instance.add_dynamic_partitions("datasets", ["demo"])
+    assert materialize([tables, estimator, gold_teacher], selection=[AssetKey("corpus"), AssetKey("queries"),
+                                                                    AssetKey("gold_teacher")],
+                       partition_key="demo", instance=instance,
+                       resources={"io_manager": LocalTableIOManager(base_dir=str(covlab_home / "storage"))}).success
+    node = audit_materialization(instance, AssetKey("gold_teacher"), "demo")
+    assert [(n.asset_key, n.gap) for n in node.inputs] == [("queries", None)]  # nothing of the estimator was read
+    assert render_branch(node, [node], assets=[tables, estimator, gold_teacher]).splitlines()[1].startswith(
+        "└─ queries [demo] ")
+
+
+# Files on disk that a lineage recorded: a dataset's source files (the real ingest step records their SHA-256)
+# and a trained model's weights folder (recorded as Training.metadata() does); `covlab audit` marks the node
+# whose files changed since.
+SCORE = 0.734521
+
+
+@asset(partitions_def=DATASETS)
+def weighted_model(context, corpus: pd.DataFrame) -> Output[dict]:
+    folder = Path(os.environ["COVLAB_HOME"]) / "artifacts" / "weighted_model" / context.partition_key / "v1"
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": np.full((2, 2), len(corpus), dtype=np.float32)}, folder / "student.safetensors")
+    weights = {"path": str(folder), WEIGHTS_HASH: directory_hash(folder)}
+    return content_output({"name": "toy", **weights}, metadata={WEIGHTS_METADATA: MetadataValue.json(weights)})
+
+
+@asset(partitions_def=DATASETS)
+def weighted_report(context, results: ResultsStore, weighted_model: dict, queries: pd.DataFrame) -> Output:
+    figures = pd.DataFrame({"dataset": [context.partition_key], "method": ["toy_student"], "budget": None, "k": 5,
+                            "split": "test", "metric": "p@5", "query_id": None, "value": [SCORE]})
+    stored = results.write_report(ReportRecord(dataset=context.partition_key, report_asset="weighted_report",
+                                               partition=context.partition_key, run_id=context.run_id,
+                                               code_version="1", data_version=None, config={}), figures)
+    record_report_lineage(context, {"toy_student": [AssetKey("weighted_model"), AssetKey("queries")]})
+    return content_output(figures, metadata={REPORT_ID: MetadataValue.int(stored)})
+
+
+@pytest.fixture(scope="module")
+def on_disk(tmp_path_factory, demo_dataset):
+    """A dataset registered from files, ingested by the real ingest step, a model with weights on disk and a
+    report on both, in a COVLAB_HOME of this module. Each test puts back what it changed."""
+    from conftest import write_covlab_layout
+
+    from covlab.assets.ingest import dataset_tables
+
+    root = tmp_path_factory.mktemp("on-disk")
+    folder, home = write_covlab_layout(demo_dataset, root / "mine"), root / "home"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COVLAB_HOME", str(home))
+        patch.setenv("DAGSTER_HOME", str(home / "dagster"))
+        assert main(["dataset", "add", "mine", "--format", "covlab", "--path", str(folder)]) == 0
+        resources = default_resources(home)
+        with DagsterInstance.get() as instance:
+            assert materialize([dataset_tables, weighted_model, weighted_report], partition_key="mine",
+                               instance=instance, resources={name: resources[name]
+                                                             for name in ("datasets", "results", "io_manager")}).success
+        resources["results"].dispose()
+        yield folder, home / "artifacts" / "weighted_model" / "mine" / "v1"
+
+
+@pytest.mark.slow
+def test_a_dataset_file_edited_after_ingest_is_marked_changed(on_disk, capsys):
+    folder, _ = on_disk
+    assert "CHANGED" not in _audit(capsys, "--value", str(SCORE), "--tolerance", "1e-9")
+    original = (folder / "queries.jsonl").read_bytes()
+    try:
+        with open(folder / "queries.jsonl", "a", encoding="utf-8") as handle:
+            handle.write('{"query_id": "extra", "text": "added later", "split": "test"}\n')
+        out = _audit(capsys, "--value", str(SCORE), "--tolerance", "1e-9")
+        audits = json.loads(_audit(capsys, "--value", str(SCORE), "--tolerance", "1e-9", "--json"))
+    finally:
+        (folder / "queries.jsonl").write_bytes(original)
+    (queries,) = [line for line in out.splitlines() if line.lstrip("│├└─ ").startswith("queries [mine]")]
+    assert f"CHANGED ({folder / 'queries.jsonl'}: SHA-256 " in queries and "recorded at ingest" in queries
+    (model,) = [line for line in out.splitlines() if line.lstrip("│├└─ ").startswith("weighted_model [mine]")]
+    assert "CHANGED" not in model
+    nodes = list(_walk(audits[0]["lineage"]))
+    assert {node["asset_key"] for node in nodes if node["changed"]} == {"corpus", "queries"}  # ingest's tables read
+    assert all("queries.jsonl" in node["changed"] for node in nodes if node["changed"])
+
+
+@pytest.mark.slow
+def test_rewritten_weights_are_marked_changed_naming_both_hashes(on_disk, capsys):
+    _, weights = on_disk
+    recorded, original = directory_hash(weights), (weights / "student.safetensors").read_bytes()
+    try:
+        save_file({"w": np.zeros((2, 2), dtype=np.float32)}, weights / "student.safetensors")
+        out = _audit(capsys, "--value", str(SCORE), "--tolerance", "1e-9", "--full")
+        found = directory_hash(weights)
+    finally:
+        (weights / "student.safetensors").write_bytes(original)
+    (model,) = [line for line in out.splitlines() if line.lstrip("│├└─ ").startswith("weighted_model [mine]")]
+    assert f"CHANGED (the weights at {weights} have content hash {found}, not the {recorded} recorded at " \
+           "registration)" in model
+
+
+@pytest.mark.slow
+def test_reproduce_names_weights_rewritten_since_registration(on_disk, monkeypatch):
+    """The plan of `covlab reproduce` notes the model whose weights changed on disk: a figure that diverges below
+    it may have been computed from those bytes."""
+    from covlab.assets.ingest import dataset_tables
+    from covlab.orchestration import definitions
+    from covlab.orchestration.reproduce import plan
+
+    _, weights = on_disk
+    monkeypatch.setattr(definitions, "ASSETS", [dataset_tables, weighted_model, weighted_report])
+    results = default_resources()["results"]
+    (figure,) = results.find_value(SCORE, 1e-9).to_dict("records")
+    results.dispose()
+    original = (weights / "student.safetensors").read_bytes()
+    with DagsterInstance.get() as instance:
+        assert plan(instance, figure, allow_dirty=True).notes == []
+        try:
+            save_file({"w": np.zeros((2, 2), dtype=np.float32)}, weights / "student.safetensors")
+            notes = plan(instance, figure, allow_dirty=True).notes
+        finally:
+            (weights / "student.safetensors").write_bytes(original)
+    assert notes and all(note.startswith(f"weighted_model [mine]: the weights at {weights} have content hash ")
+                         for note in notes)
+
+
+def _walk(tree: dict):
+    """Every node of a --json lineage tree."""
+    yield tree
+    for child in tree["inputs"]:
+        yield from _walk(child)

@@ -11,14 +11,9 @@ from covlab.models.biencoder import (build_coverage_groups, coverage_anchor, cov
                                      groups_loss, info_nce, load_biencoder, save_biencoder,
                                      train_coverage_biencoder)
 from covlab.models.cross_encoder import gold_coverage_pairs
-from tiny_bert import one_thread, save_tiny_bert
+from tiny_bert import one_thread
 
 TINY_TRAINING = {"epochs": 2, "batch_size": 8, "learning_rate": 1e-3, "max_length": 64}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(autouse=True)

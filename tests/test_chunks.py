@@ -9,7 +9,8 @@ import re
 import pandas as pd
 import pytest
 
-from covlab.models.chunks import SENTENCE_END, chunk_corpus, chunk_gold, evidence, tiling_problems
+from covlab.models.chunks import (SENTENCE_END, chunk_corpus, chunk_gold, evidence, holding_chunks,
+                                  link_placement, tiling_problems)
 from covlab.models.coverage import document_texts
 from covlab.models.schemas import CHUNKS, CORPUS, NUGGET_LINKS, NUGGETS, QRELS
 from covlab.models.tokens import TokenCounter
@@ -178,15 +179,16 @@ def test_gold_moves_to_the_chunks_that_hold_it(gold_chunks):
     assert list(chunk_links.itertuples(index=False, name=None)) == [
         ("q1", "d1#1", "n0", 2),                        # the nugget's words are in the second chunk only
         ("q1", "d2", "n0", 1),                          # an unsplit document's one chunk
-        ("q2", "d1#0", "n0", 1), ("q2", "d1#1", "n0", 1),  # tie: "guild" vs "tolls"
-        ("q3", "d1#0", "n0", 0), ("q3", "d1#1", "n0", 0),  # no shared word: every chunk, grade kept
         ("q1", "d1#0", "n1", 0),                        # a zero grade placed by the same match
-    ]
+    ]  # q2's link ties on every chunk ("guild" vs "tolls") and q3's shares no word: placed nowhere
+    placement = link_placement(links, chunk_links, gold_chunks)
+    assert (placement["unplaced_links"], placement["links_on_several_chunks"]) == (2, 0)
+    assert [(r["query_id"], r["nugget_id"]) for r in placement["unplaced_sample"]] == [("q2", "n0"), ("q3", "n0")]
     assert list(chunk_qrels.itertuples(index=False, name=None)) == [
         ("q1", "d1#0", 0), ("q1", "d1#1", 2),  # positive link on the second chunk: the first gets 0
         ("q1", "d2", 0),
-        ("q2", "d1#0", 1), ("q2", "d1#1", 1),  # both chunks linked
-        ("q3", "d1#0", 1), ("q3", "d1#1", 1),  # only a zero-grade link: all chunks inherit
+        ("q2", "d1#0", 1), ("q2", "d1#1", 1),  # no placed link: all chunks inherit
+        ("q3", "d1#0", 1), ("q3", "d1#1", 1),  # no placed link: all chunks inherit
         ("q4", "d1#0", 1), ("q4", "d1#1", 1),  # no links at all: all chunks inherit
         ("q4", "d2", 0),
     ]
@@ -194,6 +196,29 @@ def test_gold_moves_to_the_chunks_that_hold_it(gold_chunks):
     assert list(evidence(chunk_links, chunk_qrels).itertuples(index=False, name=None)) == [
         ("q1", "d1#1"), ("q1", "d2"), ("q2", "d1#0"), ("q2", "d1#1"), ("q3", "d1#0"), ("q3", "d1#1"), ("q4", "d1#0"),
         ("q4", "d1#1")]
+
+
+def test_a_link_the_words_cannot_place_is_counted_never_spread_over_the_document(counter):
+    """A document of hundreds of chunks: a nugget whose words are in none of them, or in every one alike, says
+    nothing about where its evidence is and goes nowhere (counted); one whose words one chunk holds goes there."""
+    sentences = [f"The {a} by the {b} stood {c}. " for a in WORDS[:10] for b in WORDS[10:] for c in ("near", "far")]
+    chunks = chunk_corpus(corpus_of({"long": ("", "".join(sentences))}), 12, counter)
+    assert len(chunks) > 100 and chunks["text"].str.contains("stood").all()
+    nuggets = NUGGETS.conform(pd.DataFrame([
+        ("q1", "nowhere", "Cattle and ferries."), ("q1", "everywhere", "Something stood."),
+        ("q1", "one", "The apple by the night stood far."),
+    ], columns=["query_id", "nugget_id", "text"]))
+    links = NUGGET_LINKS.conform(pd.DataFrame([("q1", "long", n, 1) for n in ("nowhere", "everywhere", "one")],
+                                              columns=["query_id", "doc_id", "nugget_id", "grade"]))
+    qrels = QRELS.conform(pd.DataFrame([("q1", "long", 1)], columns=["query_id", "doc_id", "relevance"]))
+    chunk_links, _ = chunk_gold(chunks, links, qrels, nuggets)
+    [(nugget, chunk)] = chunk_links[["nugget_id", "chunk_id"]].values.tolist()
+    assert nugget == "one" and "The apple by the night stood far." in chunks.set_index("chunk_id").at[chunk, "text"]
+    placement = link_placement(links, chunk_links, chunks)
+    assert placement["unplaced_links"] == 2 and placement["most_chunks_for_one_link"] == 1
+    assert [r["nugget_id"] for r in placement["unplaced_sample"]] == ["nowhere", "everywhere"]
+    assert holding_chunks("Something stood.", ["It stood here.", "Then it stood."]) == []  # every chunk alike
+    assert holding_chunks("Something stood.", ["It stood here.", "Not so."]) == [0]
 
 
 def test_gold_naming_unknown_records_is_refused(gold_chunks):

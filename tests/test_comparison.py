@@ -1,22 +1,37 @@
-"""The token-budgeted comparison (models/comparison.py) on generated pools: budgets are never exceeded, the
-exact oracles are never beaten, topic-grouped folds never mix a topic between training and evaluation, and
-the report's tables agree with the figures they summarise."""
+"""The token-budgeted comparison (models/comparison.py, each method run by models/runs.run_method from the
+registry) on generated pools: budgets are never exceeded, the exact oracles are never beaten, topic-grouped
+folds never mix a topic between training and evaluation, and the report's tables agree with the figures they
+summarise."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from covlab.models.comparison import (BUDGETED_METHODS, METHOD, LONG_ITEM_BUDGETS, SHORT_ITEM_BUDGETS, compare,
-                                      cross_validated_lmvu, default_token_budgets, embed_items, evaluated_query_ids,
-                                      fit_lmvu, method_rvc1, pool_token_counts, query_pools, resolve_budgets,
-                                      run_method, topic_folds)
+from covlab.models.comparison import (LONG_ITEM_BUDGETS, SHORT_ITEM_BUDGETS, compare, default_token_budgets,
+                                      embed_items, method_protocols, method_rvc1, pool_token_counts, resolve_budgets,
+                                      train_lmvu_ranker)
+from covlab.models.lmvu import LMVU, LMVUSettings, fold_rankers
+from covlab.models.protocol import EvaluationProtocol
+from covlab.models.registry import Report, SelectorSettings, method, methods
 from covlab.models.report import report_figures
+from covlab.models.runs import ByQuery, run_method
 from covlab.models.schemas import QUERIES
-from covlab.models.selection import Trust
+from covlab.models.selection import embedded_pools
+from covlab.models.selectors import Budget
+from covlab.models.trust import EstimateTrust
 from covlab.models.viewpoints import rvc1
 
 DIM = 16
 BUDGETS = (40, 80, 160)
+TOKEN_BUDGETS = [Budget(tokens=b) for b in BUDGETS]
+SETTINGS = SelectorSettings(tau=0.3, mmr_lambda=0.5)
+BUDGETED_METHODS = methods(Report.COMPARISON)
+
+
+def gate(dev_auc: float) -> EstimateTrust:
+    """The estimator gate alone (no blend, as the token comparison selects): trusted at a dev ROC-AUC of 0.65."""
+    return EstimateTrust(dev_auc=dev_auc, min_dev_auc=0.65, tune_split="dev", nugget_links=None, weights=None,
+                         alpha=0.5)
 
 
 def generated(n_topics: int = 5, seed: int = 0):
@@ -57,8 +72,8 @@ def generated(n_topics: int = 5, seed: int = 0):
 
 def pools_of(tables, ids=None):
     ids = ids if ids is not None else sorted(set(tables["bm25_pools"]["query_id"]))
-    return query_pools(tables["bm25_pools"], tables["queries"], tables["item_embeddings"], tables["token_counts"],
-                       tables["corpus"], ids, tables["nuggets"], tables["nugget_links"])
+    return embedded_pools(tables["bm25_pools"], tables["queries"], tables["item_embeddings"], tables["token_counts"],
+                          tables["corpus"], ids, tables["nuggets"], tables["nugget_links"])
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +84,8 @@ def tables():
 @pytest.fixture(scope="module")
 def all_selections(tables):
     """Every method's selections over every generated pool; the estimated matrices are the gold matrix
-    blurred, the LMVU ranker is fit on the train and dev queries."""
+    blurred, the LMVU ranker is fit on the train queries with C chosen on the dev queries (train_lmvu_ranker
+    under the split protocol)."""
     pools = pools_of(tables)
     rng = np.random.default_rng(1)
     links = tables["nugget_links"]
@@ -78,27 +94,28 @@ def all_selections(tables):
     linked = set(zip(links["doc_id"], links["nugget_id"]))
     estimated["probability"] = np.clip([0.7 * ((d, s) in linked) + 0.3 * rng.random()
                                         for d, s in zip(estimated["doc_id"], estimated["subq_id"])], 0, 1)
-    train = [q for q, p in pools.items() if p.split == "train"]
-    dev = [q for q, p in pools.items() if p.split == "dev"]
-    trained = fit_lmvu(BUDGETS, states_per_query=4, seed=0)([pools[q].labelled() for q in train],
-                                                          [pools[q].labelled() for q in dev])
-    from covlab.models.lmvu import LMVU
-
+    training = train_lmvu_ranker(pools, EvaluationProtocol("split"), BUDGETS, LMVUSettings(states_per_query=4, seed=0),
+                                 SETTINGS, links, tables["queries"], alpha=0.5)
     out = {}
-    for method in BUDGETED_METHODS:
-        out[method.name], _ = run_method(method, pools, BUDGETS, mmr_lambda=0.5, tau=0.3, ranker=LMVU(trained.ranker),
-                                         coverage=estimated, trust=Trust(True, "test"))
-    return pools, out
+    for entry in BUDGETED_METHODS:
+        estimated_coverage = estimated if entry.coverage.estimated else None
+        out[entry.name] = run_method(entry, pools, TOKEN_BUDGETS, SETTINGS, model=training.trained.ranker,
+                                     coverage=estimated_coverage,
+                                     trust=gate(0.9) if entry.coverage.estimated else None).table
+    return pools, out, training
 
 
 @pytest.fixture(scope="module")
 def comparison(tables, all_selections):
-    pools, selections = all_selections
+    pools, selections, _ = all_selections
     return compare(selections, pools, tables["nugget_links"], alpha=0.5, baseline="relevance", seed=0)
 
 
 def test_every_budgeted_selection_fits_its_budget_and_names_pool_documents(tables, all_selections):
-    pools, selections = all_selections
+    pools, selections, _ = all_selections
+    assert set(selections) == {"relevance", "mmr", "facloc", "adagres", "lmvu", "coverage_greedy",
+                               "coverage_greedy_soft", "gold_nugget_bound", "gold_nugget_bound_soft", "oracle_greedy",
+                               "oracle_rvc1", "oracle_rvc2"}
     cost = dict(zip(tables["token_counts"]["doc_id"], tables["token_counts"]["tokens"]))
     for name, table in selections.items():
         assert set(table["budget"]) == set(BUDGETS), name
@@ -116,10 +133,10 @@ def test_the_exact_oracles_are_never_beaten_and_headroom_is_their_difference(com
                                                                  values="value")
         assert (rows.drop(columns=[oracle]).le(rows[oracle] + 1e-12, axis=0)).all().all(), metric
         # oracle - method averaged over queries is the headroom column
-        for method in ("relevance", "lmvu", "oracle_greedy"):
+        for name in ("relevance", "lmvu", "oracle_greedy"):
             for budget in BUDGETS:
-                expected = (rows.loc[budget, oracle] - rows.loc[budget, method]).mean()
-                assert result.headroom.loc[(method, budget), f"{metric}_headroom"] == pytest.approx(expected)
+                expected = (rows.loc[budget, oracle] - rows.loc[budget, name]).mean()
+                assert result.headroom.loc[(name, budget), f"{metric}_headroom"] == pytest.approx(expected)
     # oracle value never falls as the budget grows
     oracle_means = result.summary.loc["oracle_rvc1", "rvc1"]
     assert list(oracle_means) == sorted(oracle_means)
@@ -159,10 +176,9 @@ def test_stored_report_rows_are_the_figures_and_their_means_per_method_budget_sp
 
 
 def test_method_rvc1_is_the_mean_rvc1_of_the_selections_per_budget(tables, all_selections):
-    pools, selections = all_selections
+    pools, selections, _ = all_selections
     dev = {q: p for q, p in pools.items() if p.split == "dev"}
-    mean, by_budget = method_rvc1(METHOD["mmr"], dev, BUDGETS, tables["nugget_links"], alpha=0.5, mmr_lambda=0.5,
-                                  tau=0.3)
+    mean, by_budget = method_rvc1("mmr", dev, BUDGETS, tables["nugget_links"], SETTINGS, alpha=0.5)
     table = selections["mmr"]
     for budget in BUDGETS:  # by hand: RVC1 of the chosen rows of each dev query's gold matrix
         values = []
@@ -174,48 +190,57 @@ def test_method_rvc1_is_the_mean_rvc1_of_the_selections_per_budget(tables, all_s
     assert mean == pytest.approx(np.mean([by_budget[b] for b in BUDGETS]))
     assert 0 < mean < 1
     with pytest.raises(ValueError, match="one split"):
-        method_rvc1(METHOD["mmr"], pools, BUDGETS, tables["nugget_links"], alpha=0.5, mmr_lambda=0.5, tau=0.3)
+        method_rvc1("mmr", pools, BUDGETS, tables["nugget_links"], SETTINGS, alpha=0.5)
 
 
 def test_estimated_methods_keep_relevance_order_below_the_estimator_gate(tables):
     pools = pools_of(tables)
     coverage = pd.DataFrame({"query_id": [next(iter(pools))], "doc_id": [pools[next(iter(pools))].doc_ids[0]],
                              "subq_id": ["s"], "probability": [0.9]})
-    gated, details = run_method(METHOD["coverage_greedy"], pools, BUDGETS, mmr_lambda=0.5, tau=0.3, coverage=coverage,
-                                trust=Trust(False, "dev ROC-AUC 0.5 < 0.65"))
-    relevance, _ = run_method(METHOD["relevance"], {q: pools[q] for q in coverage["query_id"]}, BUDGETS,
-                              mmr_lambda=0.5, tau=0.3)
+    gated = run_method(method("coverage_greedy"), pools, TOKEN_BUDGETS, SETTINGS, coverage=coverage, trust=gate(0.5))
+    relevance = run_method(method("relevance"), {q: pools[q] for q in coverage["query_id"]}, TOKEN_BUDGETS, SETTINGS)
+    details = gated.details()
     assert details["fell_back"] and details["queries"] == 1
-    pd.testing.assert_frame_equal(gated, relevance)
+    assert details["estimator_gate"] == "dev ROC-AUC 0.5000 < 0.6500: the estimate is too close to chance to select by"
+    pd.testing.assert_frame_equal(gated.table, relevance.table)
+    with pytest.raises(ValueError, match="coverage_greedy reads an estimated coverage matrix: give the estimator's "
+                                         "trust"):
+        run_method(method("coverage_greedy"), pools, TOKEN_BUDGETS, SETTINGS, coverage=coverage)
 
 
-def test_topic_folds_keep_each_topic_in_one_fold_and_balance_queries():
-    queries = QUERIES.conform(pd.DataFrame({"query_id": [f"q{i}" for i in range(62)], "text": "x", "split": "train",
-                                            "topic": [f"t{i // 2}" for i in range(62)]}))
-    folds = topic_folds(queries, 5, seed=3)
-    assert set(folds) == set(queries["query_id"]) and set(folds.values()) == set(range(5))
-    topic_of = dict(zip(queries["query_id"], queries["topic"]))
-    assert all(len({folds[q] for q in qs}) == 1
-               for qs in queries.groupby("topic")["query_id"].apply(list))
-    sizes = np.bincount(list(folds.values()))
-    assert sizes.max() - sizes.min() <= 2  # two queries per topic
-    assert folds == topic_folds(queries, 5, seed=3) and folds != topic_folds(queries, 5, seed=4)
-    assert topic_of  # every query has a topic
-    with pytest.raises(ValueError, match="folds"):
-        topic_folds(queries, 32, seed=0)
+def test_lmvu_training_under_the_split_protocol(tables, all_selections):
+    """The ranker is fit on train (C chosen on dev); its dev RVC1 is method_rvc1 of its selections on the dev
+    pools; no fold rankers without cross-validation."""
+    pools, _, training = all_selections
+    dev = {q: p for q, p in pools.items() if p.split == "dev"}
+    assert training.folds == []
+    assert training.dev_rvc1_by_budget == method_rvc1("lmvu", dev, BUDGETS, tables["nugget_links"], SETTINGS,
+                                                      alpha=0.5, model=training.trained.ranker)[1]
+    assert 0 <= training.chance < training.top1 <= 1
+    with pytest.raises(ValueError, match="lmvu needs its trained model"):
+        run_method(method("lmvu"), pools, TOKEN_BUDGETS, SETTINGS)
 
 
 def test_cross_validated_lmvu_never_trains_on_the_topics_it_selects_for(tables):
     pools = pools_of(tables)
-    folds = topic_folds(tables["queries"], 3, seed=0)
-    selections, rankers = cross_validated_lmvu(pools, folds, BUDGETS, fit_lmvu(BUDGETS, states_per_query=3, seed=0))
+    plan = EvaluationProtocol("grouped_cv", folds=3, seed=0).fold_plan(tables["queries"])
+    rankers = fold_rankers(pools, plan, TOKEN_BUDGETS, LMVUSettings(states_per_query=3, seed=0))
     topic = {q: p.topic for q, p in pools.items()}
     for ranker in rankers:
-        evaluated = {topic[q] for q, f in folds.items() if f == ranker.fold}
-        assert evaluated.isdisjoint({topic[q] for q in ranker.train + ranker.dev})
-        assert set(ranker.train).isdisjoint(ranker.dev)
-    assert set(selections["query_id"]) == set(pools)  # every query selected once, by its fold's ranker
-    assert not selections.duplicated(["query_id", "budget", "rank"]).any()
+        evaluated = {topic[q] for q in ranker.fold.evaluated}
+        assert evaluated.isdisjoint({topic[q] for q in ranker.fold.train + ranker.fold.tune})
+        assert set(ranker.fold.train).isdisjoint(ranker.fold.tune)
+    by_query = ByQuery({q: ranker.trained.ranker for ranker in rankers for q in ranker.fold.evaluated})
+    selections = run_method(method("lmvu"), pools, TOKEN_BUDGETS, SETTINGS, model=by_query)
+    assert set(selections.table["query_id"]) == set(pools)  # every query selected once, by its fold's ranker
+    assert not selections.table.duplicated(["query_id", "budget", "rank"]).any()
+    for ranker in rankers:
+        for q in ranker.fold.evaluated:
+            for budget in TOKEN_BUDGETS:
+                expected = LMVU(ranker.trained.ranker)(pools[q].pool, budget).items
+                np.testing.assert_array_equal(selections.selections[(q, budget.limit)].items, expected)
+    with pytest.raises(ValueError, match="query 't0-pro' has no fold model"):
+        ByQuery({}).of("t0-pro")
 
 
 def test_default_budgets_follow_the_item_length_and_configured_ones_win():
@@ -229,8 +254,20 @@ def test_default_budgets_follow_the_item_length_and_configured_ones_win():
 
 def test_evaluated_queries_by_protocol(tables):
     pools, queries = tables["bm25_pools"], tables["queries"]
-    assert evaluated_query_ids(queries, pools, "split", ["test"]) == ["t4-con", "t4-pro"]
-    assert evaluated_query_ids(queries, pools, "grouped_cv", ["test"]) == sorted(set(pools["query_id"]))
+    assert EvaluationProtocol("split", splits=["test"]).evaluated(queries, pools["query_id"]) == ["t4-con", "t4-pro"]
+    assert (EvaluationProtocol("grouped_cv", splits=["test"]).evaluated(queries, pools["query_id"])
+            == sorted(set(pools["query_id"])))
+
+
+def test_the_report_says_how_each_method_met_its_training_data():
+    split = method_protocols(EvaluationProtocol("split", splits=["dev", "test"]))
+    assert list(split) == [m.name for m in BUDGETED_METHODS]
+    assert split["lmvu"] == "fit on train, settings chosen on dev" and split["mmr"] == "no training"
+    assert split["coverage_greedy"] == ("standard split: the estimator trained on train, selections for dev/test "
+                                        "queries only")
+    assert {split[name] for name in ("oracle_greedy", "oracle_rvc1", "oracle_rvc2")} == {"gold labels (bound)"}
+    grouped = method_protocols(EvaluationProtocol("grouped_cv"))
+    assert grouped["lmvu"].startswith("refit per topic-grouped fold") and grouped["relevance"] == "no training"
 
 
 def test_embedded_items_and_token_counts_cover_every_pooled_text():

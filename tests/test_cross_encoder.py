@@ -16,22 +16,17 @@ from sklearn.metrics import roc_auc_score
 from conftest import shared_dataset
 from covlab.models.cross_encoder import (gold_coverage_pairs, load_cross_encoder, save_cross_encoder, score_pairs,
                                          train_cross_encoder)
-from covlab.models.biencoder import cosines, load_biencoder
+from covlab.models.biencoder import cosines, load_biencoder, load_first_stage
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned,
-                                    load_estimator_scorer, load_first_stage, pool_pairs)
+                                    load_estimator_scorer, pool_pairs)
 from covlab.models.encoders import Progress, default_base_model, shuffled_length_batches
 from covlab.models.metrics import brier_score, expected_calibration_error
 from covlab.models.subquestions import gold_subquestions
 from covlab.models.windows import WindowSelection, select_windows
 from covlab.resources.datasets import read_dataset
-from tiny_bert import one_thread, save_tiny_bert
+from tiny_bert import one_thread
 
 TINY_TRAINING = {"max_length": 64, "epochs": 2, "batch_size": 16, "learning_rate": 1e-4, "patience": 2}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(autouse=True)
@@ -219,8 +214,10 @@ def test_progress_messages_carry_done_total_rate_and_eta_at_a_bounded_frequency(
         now[0] += 0.25
         progress.update(1)
     # a message every 10 s, which here is also every tenth: 10 in all, the last at completion
-    assert len(messages) == 10 and messages[-1] == "scoring: 400/400 (100%), 4.0 pairs/s, ETA 0s"
-    assert messages[0] == "scoring: 40/400 (10%), 4.0 pairs/s, ETA 1m30s"
+    assert len(messages) == 10 and str(messages[-1]) == "scoring: 400/400 (100%), 4.0 pairs/s, ETA 0s"
+    assert str(messages[0]) == "scoring: 40/400 (10%), 4.0 pairs/s, ETA 1m30s"
+    assert (messages[0].label, messages[0].done, messages[0].total, messages[0].eta_s) == ("scoring", 40, 400, 90.0)
+    assert messages[-1].finished and not messages[0].finished
     fast, slow = [], []
     quick = Progress("x", 10_000, fast.append, interval_s=10.0, steps=10, clock=lambda: 0.0)
     for _ in range(10_000):
@@ -231,14 +228,15 @@ def test_progress_messages_carry_done_total_rate_and_eta_at_a_bounded_frequency(
     for _ in range(600):  # a slow step: one message per 10 s, not per update
         now[0] += 1.0
         long.update(1)
-    assert len(slow) == 60 and slow[0] == "y: 10/1000000 (0%), 1.0 items/s, ETA 277h46m"
+    assert len(slow) == 60 and str(slow[0]) == "y: 10/1000000 (0%), 1.0 items/s, ETA 277h46m"
 
 
 def test_scoring_and_training_report_progress(tiny_model, small_pairs):
     train, dev = small_pairs
     messages: list[str] = []
     epochs_seen = []
-    trained = train_cross_encoder(tiny_model, train, dev, **{**TINY_TRAINING, "epochs": 1}, progress=messages.append,
+    trained = train_cross_encoder(tiny_model, train, dev, **{**TINY_TRAINING, "epochs": 1},
+                                  progress=lambda event: messages.append(str(event)),
                                   on_epoch=lambda epoch, figures: epochs_seen.append((epoch, figures)))
     assert epochs_seen == [(1, {k: v for k, v in trained.history[0].items() if k != "epoch"})]
     assert set(epochs_seen[0][1]) == {"train_loss", "dev_auc", "dev_brier", "dev_ece"}

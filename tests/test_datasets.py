@@ -220,3 +220,38 @@ def test_document_just_above_the_size_limit_is_refused_at_ingest(tmp_path, demo_
         read_dataset("large", "covlab", str(folder))
     assert (f"{corpus}:1: text has 1,000,001 characters; expected at most 1,000,000 per document"
             in str(error.value))
+
+
+def test_only_the_files_the_reader_reads_are_hashed(tmp_path, demo_dataset):
+    """An unrelated file beside the dataset (a 10 GB dump, notes) is neither read nor hashed at ingest."""
+    from covlab.models.versions import file_hash
+
+    folder = write_covlab_layout(demo_dataset, tmp_path / "with-extras")
+    (folder / "notes").mkdir()
+    (folder / "notes" / "dump.bin").write_bytes(b"\0" * 100_000)
+    (folder / "README.txt").write_text("not part of the dataset\n")
+    ds = read_dataset("extras", "covlab", str(folder))
+    read = ["candidates.tsv", "corpus.jsonl", "nugget_links.tsv", "nuggets.jsonl", "qrels.tsv", "queries.jsonl"]
+    assert sorted(ds.source_hashes) == read
+    assert all(ds.source_hashes[name] == file_hash(folder / name) for name in read)
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{\n  "mine": {\n    "format": "covlab",\n    "pa', ":4: the dataset registry is not valid JSON (Unterminated "
+                                                        "string starting at, column 5)"),
+    ('["mine"]\n', ": the dataset registry's entry '(top level)' is not a dataset"),
+    ('{"mine": {"path": "/data"}}\n', ": the dataset registry's entry 'mine' is not a dataset"),
+    (b'{"mine": \xff}', ": the dataset registry is not valid UTF-8"),
+], ids=["truncated", "list", "no-format", "not-utf8"])
+def test_a_damaged_registry_is_a_one_line_error_naming_it(covlab_home, capsys, content, message):
+    from covlab.orchestration.cli import main
+
+    registry = covlab_home / "datasets.json"
+    registry.parent.mkdir(parents=True)
+    registry.write_bytes(content if isinstance(content, bytes) else content.encode())
+    for argv in (["dataset", "list"], ["materialize", "--dataset", "mine"]):
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error == (f"covlab: {registry}{message}; expected {{\"<name>\": {{\"format\": ..., \"path\": ...}}}} as "
+                         "`covlab dataset add` writes it; restore it from a backup, or move it away and add the "
+                         "datasets again\n")

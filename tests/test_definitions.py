@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import (AssetKey, DagsterInvalidConfigError, DefaultScheduleStatus, DefaultSensorStatus,
+from dagster import (AssetKey, AutomationConditionSensorDefinition, DagsterInvalidConfigError, DefaultSensorStatus,
                      validate_run_config)
 
 from covlab.assets.presentation import OWNERS
@@ -93,8 +93,10 @@ if importlib.util.find_spec("dagster_celery"):  # orchestration/distributed.py: 
     EXPECTED_JOBS["build_all_celery"] = set(EXPECTED_ASSETS)
 if importlib.util.find_spec("dagster_k8s"):  # the same, each step a Kubernetes job (deploy/k8s/)
     EXPECTED_JOBS["build_all_k8s"] = set(EXPECTED_ASSETS)
-EXPECTED_SCHEDULES = {"nightly_reevaluation": ("0 2 * * *", REPORTS)}  # schedule -> (cron, target assets)
-EXPECTED_SENSORS = {"mlflow_candidate_sensor": REPORTS | {"model_promotions"}}  # sensor -> target assets
+# the reports and every asset they read: what the nightly automation evaluates and may run
+EVALUATION = set(EXPECTED_ASSETS) - {"model_promotions", "answers", "answer_report"}
+EXPECTED_SENSORS = {"nightly_reevaluation": EVALUATION,  # sensor -> target assets
+                    "mlflow_candidate_sensor": EVALUATION | {"model_promotions"}}
 HEAVY = {key for key, (_, _, device, _) in EXPECTED_ASSETS.items() if device == GPU}
 
 
@@ -119,8 +121,10 @@ def test_the_code_location_matches_its_written_out_snapshot():
     assert {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys} == EXPECTED_CHECKS
     assert {job.name: _targets(job.name) for job in defs.resolve_all_job_defs()
             if not job.name.startswith("__")} == EXPECTED_JOBS  # "__": Dagster's implicit jobs
-    assert {s.name: (s.cron_schedule, _targets(s.job_name)) for s in defs.schedules} == EXPECTED_SCHEDULES
-    assert {s.name: _targets(s.job_name) for s in defs.sensors} == EXPECTED_SENSORS
+    assert not defs.schedules
+    assert {s.name: {k.to_user_string() for k in s.asset_selection.resolve(graph)}
+            if isinstance(s, AutomationConditionSensorDefinition) else _targets(s.job_name)
+            for s in defs.sensors} == EXPECTED_SENSORS
 
 
 def test_a_column_schema_is_its_tables_declaration():
@@ -162,9 +166,18 @@ def test_every_asset_has_a_code_version_and_the_datasets_partitions():
         assert node.partitions_def is not None and node.partitions_def.name == "datasets", key
 
 
-def test_nightly_schedule_and_candidate_sensor_are_defined():
-    schedule = defs.resolve_schedule_def("nightly_reevaluation")
-    assert schedule.cron_schedule == "0 2 * * *" and schedule.default_status == DefaultScheduleStatus.STOPPED
+def test_nightly_automation_and_candidate_sensor_are_defined():
+    from covlab.orchestration.automation import nightly_condition
+
+    nightly = defs.resolve_sensor_def("nightly_reevaluation")
+    assert isinstance(nightly, AutomationConditionSensorDefinition)
+    assert nightly.default_status == DefaultSensorStatus.STOPPED and not nightly.emit_backfills  # a run per dataset
+    assert nightly.run_tags == {"covlab/trigger": "nightly"}
+    graph = defs.resolve_asset_graph()
+    conditioned = {k.to_user_string(): graph.get(k).automation_condition for k in graph.get_all_asset_keys()
+                   if graph.get(k).automation_condition is not None}
+    assert set(conditioned) == EVALUATION
+    assert all(condition == nightly_condition() for condition in conditioned.values())
     sensor = defs.resolve_sensor_def("mlflow_candidate_sensor")
     assert sensor.minimum_interval_seconds == 300 and sensor.default_status == DefaultSensorStatus.STOPPED
     assert sensor.required_resource_keys == {"tracking"}

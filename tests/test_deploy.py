@@ -60,6 +60,7 @@ def pg_database():
         admin.close()
 
 
+@pytest.mark.services
 def test_deploy_dagster_yaml_is_a_valid_postgres_instance(tmp_path, monkeypatch, pg_database):
     monkeypatch.setenv("COVLAB_DAGSTER_PG_URL", pg_database)
     config, _ = dagster_instance_config(str(DEPLOY))  # validates against the instance config schema
@@ -153,6 +154,7 @@ def test_artifact_store_takes_a_shared_path_and_refuses_an_object_store_url(tmp_
         ArtifactStore(root="s3://bucket/artifacts").directory("a", "p", "v1")
 
 
+@pytest.mark.services
 def test_deployment_urls_reach_the_resources(monkeypatch, tmp_path, pg_database):
     """One set of COVLAB_* variables points every process's resources at the shared deployment: the
     results store and MLflow on PostgreSQL, tables on object storage, artifacts on a shared path."""

@@ -28,27 +28,31 @@ import pytest
 from dagster import AssetSelection, DagsterEventType, DagsterInstance, DagsterRunStatus
 
 from covlab.assets.partitions import DATASETS
+from covlab.models.registry import Report
 from covlab.orchestration.cli import DEMO_CONFIG, materialize
 from covlab.orchestration.definitions import defs
 from covlab.resources.device import GPU_POOL
 from covlab.resources.io_manager import read_stored
 from covlab.resources.results_store import ResultsStore
-from test_pipeline import tiny_config
+from tiny_bert import tiny_pipeline_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.pipeline, pytest.mark.services]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 PG = "postgresql+psycopg2://postgres@127.0.0.1:5432"
 PIPELINE = sorted(k.to_user_string() for k in AssetSelection.all().resolve(defs.resolve_asset_graph()))
-REPORTS = ("coverage_report", "comparison_report", "retrieval_report", "pool_comparison")
+REPORTS = tuple(report.value for report in Report)
+# every asset that records figures in the results store: the reports and the promotion decisions (the figure
+# that promoted each champion)
+FIGURE_WRITERS = (*REPORTS, "model_promotions")
 
 
 def run_config(model: str) -> dict:
     """The demo's config, every encoder the tiny test model (tests/test_pipeline.py): the engine's wiring is
     under test here, not the estimator's accuracy (and CI's minutes are few)."""
-    ops = {**DEMO_CONFIG["ops"], **tiny_config(model)["ops"]}
+    ops = {**DEMO_CONFIG["ops"], **tiny_pipeline_config(model)["ops"]}
     return {"ops": {k: v for k, v in ops.items() if k in PIPELINE}}
 
 # The step keys of the pipeline's GPU steps (gpu_step(): pool "gpu", Celery queue "gpu").
@@ -343,8 +347,8 @@ def test_celery_workers_split_the_pipeline_and_a_killed_worker_costs_only_its_st
         distributed = results.figures(dataset="demo")
     finally:
         results.dispose()
-    # one materialization per report: the killed run wrote none, the re-execution each once
-    assert sorted(distributed.groupby("materialization_id").report_asset.first()) == sorted(REPORTS)
+    # one materialization per figure writer: the killed run wrote none, the re-execution each once
+    assert sorted(distributed.groupby("materialization_id").report_asset.first()) == sorted(FIGURE_WRITERS)
     key = [c for c in FIGURE_KEY if c in distributed.columns]
     assert not distributed.duplicated(key).any()
     expected_reports, expected_figures = _in_process_report(tmp_path, monkeypatch, config)

@@ -4,21 +4,23 @@ is a coin (uniform random probabilities) and leaves it when the estimator is per
 estimator gate makes the selections fall back, warns in its check and blocks champion promotion."""
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from covlab.assets.checks import coverage_estimator_dev_auc, estimated_gold_coverage_calibration
-from covlab.assets.promotions import promote_if_better
-from covlab.assets.selections import METHODS, _selection
+from covlab.assets.promotions import promote
+from covlab.assets.selections import k_selection
 from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
-from covlab.models.schemas import document_text
-from covlab.models.selection import (ESTIMATED, GreedyCoverage, RelevanceSelection, SoftGreedyCoverage,
-                                     choose_blend_weight, estimator_trusted, select_per_query)
+from covlab.models.registry import method
+from covlab.models.schemas import SELECTIONS, document_text
+from covlab.models.selection import ranked_pools, select_queries
+from covlab.models.selectors import Blend, Budget, CoverageGreedy, RelevanceOrder
+from covlab.models.trust import choose_blend_weight, estimator_trusted
 from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.model_store import RegisteredModel, TrainedModel
 from covlab.resources.tracking import TrackingResource
 
 K, ALPHA, WEIGHTS = 10, 0.5, [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -53,6 +55,12 @@ def pools(longdoc):
     return rank_within_queries(pd.DataFrame(rows))
 
 
+def estimator(**figures) -> TrainedModel:
+    """A coverage estimator's asset value carrying `figures` (what its gate and its check read)."""
+    model = RegisteredModel("covlab.longdoc.coverage_estimator", 1, "models:/e/1", "run", "source", "path", "hash")
+    return TrainedModel(model, figures)
+
+
 def pool_nugget_pairs(pools: pd.DataFrame, nuggets: pd.DataFrame) -> pd.DataFrame:
     return (pools[["query_id", "doc_id"]].merge(nuggets[["query_id", "nugget_id"]], on="query_id")
             .rename(columns={"nugget_id": "subq_id"}))
@@ -69,33 +77,48 @@ def perfect_estimate(pools, nuggets, nugget_links) -> pd.DataFrame:
     return pairs.assign(probability=[float(t in linked) for t in pairs.itertuples(index=False)])
 
 
+def k_run(pools: pd.DataFrame, queries: pd.DataFrame, selector, estimate: pd.DataFrame | None = None) -> pd.DataFrame:
+    """A SELECTIONS run: `selector` at Budget(k=K) over every pool, in pool order, reading `estimate`."""
+    query_pools = ranked_pools(pools, queries, estimate) if estimate is not None else ranked_pools(pools, queries)
+    return SELECTIONS.conform(select_queries(query_pools, selector, [Budget(k=K)]).table, source="selections")
+
+
+SOFT = CoverageGreedy(soft=True)
+
+
+def blend_choice(pools, dataset, estimate, selector=SOFT):
+    """The blend weight of `selector` chosen on dev (models/trust.choose_blend_weight)."""
+    return choose_blend_weight(selector, ranked_pools(pools, dataset.queries, estimate), "dev", Budget(k=K),
+                               dataset.nugget_links, WEIGHTS, ALPHA)
+
+
 def mean_alpha_ndcg(run: pd.DataFrame, dataset, split: str) -> float:
     measured = evaluate_run(run, dataset.nugget_links, NO_DOCUMENT_JUDGMENTS, k=K, alpha=ALPHA)
     measured = measured[measured["metric"] == f"alpha_ndcg@{K}"].merge(dataset.queries, on="query_id")
     return float(measured.loc[measured["split"] == split, "value"].mean())
 
 
-@pytest.mark.parametrize("selector", [SoftGreedyCoverage(), GreedyCoverage(threshold=0.3)], ids=["soft", "hard"])
+@pytest.mark.parametrize("selector", [CoverageGreedy(soft=True), CoverageGreedy(soft=False, tau=0.3)],
+                         ids=["soft", "hard"])
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_a_coin_estimator_costs_at_most_the_margin_on_test(longdoc, pools, seed, selector):
     estimate = coin_estimate(pools, longdoc.nuggets, seed)
-    choice = choose_blend_weight(pools, longdoc.queries, "dev", estimate, longdoc.nugget_links, WEIGHTS, K, ALPHA,
-                                 selector)
-    fallback = select_per_query(pools, RelevanceSelection(), K)
+    choice = blend_choice(pools, longdoc, estimate, selector)
+    fallback = k_run(pools, longdoc.queries, RelevanceOrder())
     assert choice.fallback_score == pytest.approx(mean_alpha_ndcg(fallback, longdoc, "dev"))
     assert choice.scores[choice.weight] >= choice.fallback_score  # by construction, on dev
-    blended = select_per_query(pools, replace(selector, weight=choice.weight), K, estimate, ESTIMATED)
-    unblended = select_per_query(pools, selector, K, estimate, ESTIMATED)
+    blended = k_run(pools, longdoc.queries, Blend(selector, choice.weight), estimate)
+    unblended = k_run(pools, longdoc.queries, selector, estimate)
     test_fallback, test_blended = mean_alpha_ndcg(fallback, longdoc, "test"), mean_alpha_ndcg(blended, longdoc, "test")
     assert test_blended >= test_fallback - MARGIN, (choice.evidence(), test_blended, test_fallback)
-    if selector == SoftGreedyCoverage():  # what the blend guards against (hard greedy at tau 0.3 counts 70% of coin
+    if selector.soft:  # what the blend guards against (hard greedy at tau 0.3 counts 70% of coin
         # flips as covered, so unblended it stays near the pool order on this set)
         assert mean_alpha_ndcg(unblended, longdoc, "test") < test_fallback - MARGIN
 
 
 def test_a_perfect_estimator_is_followed_and_beats_the_fallback_on_dev(longdoc, pools):
     estimate = perfect_estimate(pools, longdoc.nuggets, longdoc.nugget_links)
-    choice = choose_blend_weight(pools, longdoc.queries, "dev", estimate, longdoc.nugget_links, WEIGHTS, K, ALPHA)
+    choice = blend_choice(pools, longdoc, estimate)
     assert choice.weight > 0
     assert choice.scores[choice.weight] > choice.fallback_score
 
@@ -110,48 +133,45 @@ def asset_inputs(longdoc, pools):
 
 @pytest.mark.parametrize("name", ["coverage_greedy", "coverage_greedy_soft", "gold_nugget_bound_soft"])
 def test_selections_on_an_untrusted_estimator_fall_back_to_the_pool_order(longdoc, pools, asset_inputs, name):
-    spec = next(m for m in METHODS if m.name == name)
     evaluation = EvaluationResource()
-    out = _selection(spec, **asset_inputs, evaluation=evaluation, coverage=coin_estimate(pools, longdoc.nuggets, 0),
-                     coverage_estimator={"dev_auc": 0.545}, nugget_links=longdoc.nugget_links)
-    assert out.value.equals(select_per_query(pools, RelevanceSelection(), K))
+    out = k_selection(method(name), **asset_inputs, evaluation=evaluation,
+                      coverage=coin_estimate(pools, longdoc.nuggets, 0), coverage_estimator=estimator(dev_auc=0.545),
+                      nugget_links=longdoc.nugget_links)
+    assert out.value.equals(k_run(pools, longdoc.queries, RelevanceOrder()))
     assert out.metadata["fell_back"].value is True and "0.5450 < 0.6500" in out.metadata["estimator_gate"].value
     assert "blend" not in out.metadata
 
 
 def test_a_trusted_estimator_is_followed_with_the_blend_chosen_on_dev(longdoc, pools, asset_inputs):
-    spec = next(m for m in METHODS if m.name == "coverage_greedy_soft")
     estimate = perfect_estimate(pools, longdoc.nuggets, longdoc.nugget_links)
-    out = _selection(spec, **asset_inputs, evaluation=EvaluationResource(), coverage=estimate,
-                     coverage_estimator={"dev_auc": 0.9}, nugget_links=longdoc.nugget_links)
-    choice = choose_blend_weight(pools, longdoc.queries, "dev", estimate, longdoc.nugget_links, WEIGHTS, K, ALPHA)
+    out = k_selection(method("coverage_greedy_soft"), **asset_inputs, evaluation=EvaluationResource(),
+                      coverage=estimate, coverage_estimator=estimator(dev_auc=0.9), nugget_links=longdoc.nugget_links)
+    choice = blend_choice(pools, longdoc, estimate)
     assert out.metadata["fell_back"].value is False and out.metadata["blend_weight"].value == choice.weight
     assert json.dumps(out.metadata["blend"].value) == json.dumps(choice.evidence())
-    assert out.value.equals(select_per_query(pools, SoftGreedyCoverage(weight=choice.weight), K, estimate,
-                                             ESTIMATED))
+    assert out.value.equals(k_run(pools, longdoc.queries, Blend(CoverageGreedy(soft=True), choice.weight), estimate))
 
 
 def test_the_estimator_check_warns_below_the_threshold_and_passes_above():
-    low = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.545, "dev_brier": 0.08, "dev_ece": 0.3,
-                                                         "uri": "models:/e/1"},
+    low = coverage_estimator_dev_auc(coverage_estimator=estimator(dev_auc=0.545, dev_brier=0.08, dev_ece=0.3),
                                      evaluation=EvaluationResource())
     assert not low.passed and low.severity.value == "WARN"
     assert low.metadata["dev_auc"].value == 0.545 and low.metadata["threshold"].value == 0.65
     assert low.metadata["dev_brier"].value == 0.08 and low.metadata["dev_ece"].value == 0.3
-    assert "too close to chance" in low.metadata["decision"].value
+    assert "too close to chance" in low.metadata["decision"].value and low.metadata["model_uri"].value == "models:/e/1"
     # calibration is recorded, not judged: a badly calibrated estimator above the AUC threshold passes
-    high = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.7, "dev_brier": 0.6, "dev_ece": 0.9,
-                                                          "uri": "models:/e/2"},
+    high = coverage_estimator_dev_auc(coverage_estimator=estimator(dev_auc=0.7, dev_brier=0.6, dev_ece=0.9),
                                       evaluation=EvaluationResource(min_estimator_dev_auc=0.6))
     assert high.passed and high.metadata["dev_ece"].value == 0.9
 
 
-def test_the_estimator_check_reads_a_record_without_calibration():
-    """A model record written before the estimator carried its dev calibration still checks, on dev AUC."""
-    older = coverage_estimator_dev_auc(coverage_estimator={"dev_auc": 0.7, "uri": "models:/e/3"},
-                                       evaluation=EvaluationResource(min_estimator_dev_auc=0.6))
-    assert older.passed and older.metadata["dev_auc"].value == 0.7
-    assert older.metadata["dev_brier"].value is None and older.metadata["dev_ece"].value is None
+def test_the_estimator_check_names_a_record_without_calibration():
+    """A model record written before the estimator carried its dev calibration is named, with what to do,
+    instead of being checked on part of its figures."""
+    with pytest.raises(KeyError, match=r"covlab.longdoc.coverage_estimator v1 recorded no 'dev_brier' .*"
+                                       r"re-materialize it"):
+        coverage_estimator_dev_auc(coverage_estimator=estimator(dev_auc=0.7),
+                                   evaluation=EvaluationResource(min_estimator_dev_auc=0.6))
 
 
 def test_the_calibration_check_measures_the_tune_split_pairs_against_the_gold_links():
@@ -177,12 +197,13 @@ def test_an_estimator_below_the_threshold_is_never_promoted_to_champion(tmp_path
     weights.mkdir()
     (weights / "config.json").write_text("{}")
     name = "covlab.longdoc.coverage_estimator"
-    ref = tracking.log_model_version(name, weights, params={}, metrics={"dev_auc": 0.545}, tags={})
-    model = {"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
-             "source": ref.source}
-    promoted, message = promote_if_better(tracking, model, 0.9, "alpha_ndcg@10", estimator_trusted(0.545, 0.65))
-    assert not promoted and tracking.version_for_alias(name, "champion") is None
-    assert message == f"{ref.uri} is not promoted to champion: dev ROC-AUC 0.5450 < 0.6500: the estimate is too " \
-                      "close to chance to select by"
-    promoted, message = promote_if_better(tracking, model, 0.9, "alpha_ndcg@10", estimator_trusted(0.7, 0.65))
-    assert promoted and tracking.version_for_alias(name, "champion").version == ref.version
+    with tracking.training_run(name, params={}, tags={}) as training:
+        ref = training.register(weights, metrics={"dev_auc": 0.545})
+    model = RegisteredModel(ref.name, ref.version, ref.uri, ref.run_id, ref.source, str(weights), "hash")
+    row = promote(tracking, model, 0.9, "alpha_ndcg@10", estimator_trusted(0.545, 0.65))
+    assert not row["champion"] and row["action"] == "gated" and tracking.version_for_alias(name, "champion") is None
+    assert row["decision"] == f"{ref.uri} is not promoted to champion: dev ROC-AUC 0.5450 < 0.6500: the estimate " \
+                              "is too close to chance to select by"
+    row = promote(tracking, model, 0.9, "alpha_ndcg@10", estimator_trusted(0.7, 0.65))
+    assert row["champion"] and tracking.version_for_alias(name, "champion").version == ref.version
+    assert row["dev_score"] == 0.9 and row["version"] == ref.version

@@ -250,3 +250,67 @@ def test_generated_dagster_yaml_frees_ended_runs_slots_and_replaces_earlier_vers
     config.write_text(edited)
     dagster_home()
     assert yaml.safe_load(config.read_text())["concurrency"]["pools"]["default_limit"] == 2
+
+
+def _run_without_claims(instance, status: DagsterRunStatus, tags: dict[str, str]) -> str:
+    run = DagsterRun(job_name="cpu_job", run_id=str(uuid.uuid4()), status=status, tags=tags)
+    instance.add_run(run)
+    return run.run_id
+
+
+def test_a_run_killed_during_a_cpu_step_is_marked_failed(gpu_instance):
+    """Only runs of this host whose covlab process is gone are ended; the others are left as they are."""
+    host = socket.gethostname()
+    live_process = subprocess.Popen(["sleep", "60"])
+    try:
+        dead = _run_without_claims(gpu_instance, DagsterRunStatus.STARTED,
+                                   {"covlab/pid": str(_exited_pid()), "covlab/host": host})
+        canceling = _run_without_claims(gpu_instance, DagsterRunStatus.CANCELING,
+                                        {"covlab/pid": str(_exited_pid()), "covlab/host": host})
+        live = _run_without_claims(gpu_instance, DagsterRunStatus.STARTED,
+                                   {"covlab/pid": str(live_process.pid), "covlab/host": host})
+        elsewhere = _run_without_claims(gpu_instance, DagsterRunStatus.STARTED,
+                                        {"covlab/pid": str(_exited_pid()), "covlab/host": "another-host"})
+        from_the_ui = _run_without_claims(gpu_instance, DagsterRunStatus.STARTED, {})
+        with pool_slots_guard(gpu_instance):
+            pass
+        status = {run_id: gpu_instance.get_run_by_id(run_id).status for run_id in (dead, canceling, live, elsewhere,
+                                                                                   from_the_ui)}
+        assert status == {dead: DagsterRunStatus.FAILURE, canceling: DagsterRunStatus.CANCELED,
+                          live: DagsterRunStatus.STARTED, elsewhere: DagsterRunStatus.STARTED,
+                          from_the_ui: DagsterRunStatus.STARTED}
+    finally:
+        live_process.kill()
+        live_process.wait()
+
+
+def test_a_killed_reports_csv_folder_is_removed_by_the_next_run(gpu_instance, covlab_home):
+    """A report writes its CSVs into artifacts/<report>/<partition>/<run id>/ one by one: a run killed between
+    them leaves a partial folder, which the next `covlab materialize` removes once the run is marked failed."""
+    from covlab.orchestration.cli import main
+    from covlab.orchestration.definitions import default_resources
+
+    host = socket.gethostname()
+    artifacts = default_resources(covlab_home)["artifacts"]
+    live_process = subprocess.Popen(["sleep", "60"])
+    try:
+        runs = {"killed": _run_without_claims(gpu_instance, DagsterRunStatus.STARTED,
+                                              {"covlab/pid": str(_exited_pid()), "covlab/host": host}),
+                "live": _run_without_claims(gpu_instance, DagsterRunStatus.STARTED,
+                                            {"covlab/pid": str(live_process.pid), "covlab/host": host}),
+                "succeeded": _run_without_claims(gpu_instance, DagsterRunStatus.SUCCESS, {})}
+        folders = {name: artifacts.directory("coverage_report", "demo", run_id) for name, run_id in runs.items()}
+        for folder in folders.values():
+            folder.mkdir(parents=True)
+            (folder / "table1.csv").write_text("method,alpha_ndcg\n")
+        index = artifacts.directory("bm25_index", "demo", "0123abcd")  # not a run's folder
+        index.mkdir(parents=True)
+        assert main(["materialize", "--dataset", "demo", "--select", "corpus", "queries", "nuggets", "nugget_links",
+                     "qrels", "candidates"]) == 0
+        assert gpu_instance.get_run_by_id(runs["killed"]).status == DagsterRunStatus.FAILURE
+        assert {name: folder.exists() for name, folder in folders.items()} == {"killed": False, "live": True,
+                                                                                "succeeded": True}
+        assert index.exists()
+    finally:
+        live_process.kill()
+        live_process.wait()

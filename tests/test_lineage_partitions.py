@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from dagster import AssetKey, DagsterInstance, DynamicPartitionsDefinition, asset, materialize
 
-from covlab.orchestration.lineage import POINTER, audit_materialization, render_text
+from covlab.resources.lineage import POINTER, audit_materialization, render_text
 from covlab.resources.io_manager import LocalTableIOManager
 
 DATASETS = DynamicPartitionsDefinition(name="datasets")

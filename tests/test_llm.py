@@ -6,10 +6,12 @@ import base64
 import json
 import logging
 import random
+import re
 import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from dagster import DagsterInstance, EnvVar, MetadataValue, asset, materialize
@@ -166,6 +168,7 @@ def test_cache_answers_repeats_and_keys_on_every_parameter(server, make_llm, cac
     assert request_key("fake-model", MESSAGES, 0.0, 1024, 0) in {row["key"] for row in rows}
 
 
+@pytest.mark.services
 def test_cache_in_postgresql(server, make_llm):
     """The cache URL also takes a server database: concurrent writers of one key, then a re-run from it."""
     admin_url = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
@@ -363,6 +366,31 @@ def test_a_trickled_body_is_cut_off_at_the_deadline(server, make_llm):
     assert len(server.requests) == 3
 
 
+def test_a_trickled_status_line_and_headers_are_cut_off_at_the_deadline(server, make_llm):
+    """The deadline covers the headers too: a server sending its status line and headers a byte every 0.2 s
+    (each read far inside any per-read timeout; the headers would take over half an hour) fails each attempt
+    at timeout_s, and both attempts are over within about twice timeout_s."""
+    timeout = 0.5
+    server.script(Reply.slow_head(0.2), Reply.slow_head(0.2))
+    llm = make_llm(timeout_s=timeout, max_retries=1)
+    outcome = {}
+
+    def ask() -> None:
+        try:
+            llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+        except LLMRequestError as exc:
+            outcome["error"] = exc
+
+    started = time.monotonic()
+    caller = threading.Thread(target=ask, daemon=True)
+    caller.start()
+    caller.join(timeout=10)  # before: still reading the headers
+    assert not caller.is_alive()
+    assert time.monotonic() - started < 2 * timeout + 1.0
+    assert "failed 2 times; last: no complete response within timeout_s = 0.5 s" in str(outcome["error"])
+    assert len(server.requests) == 2
+
+
 HUGE_BODY = 100 * 2**20
 
 
@@ -423,6 +451,74 @@ def test_a_key_straddling_the_quote_limit_leaves_no_piece(server, make_llm, capl
         shown = f"{error.value}\n{caplog.text}"
         assert not [piece for piece in pieces if piece in shown], offset
         assert "*" in str(error.value), offset  # the quote did reach the key, replaced (perhaps cut in "***")
+
+
+# A key with the characters encodings treat specially ("/" JSON-escaped as "\\/", "+" and "=" percent-encoded).
+SLASHED_KEY = "sk-proj/5f3c9a1e7d+Zq=not-a-real-key"
+KEY_FORMS = {
+    "json-escaped": json.dumps(SLASHED_KEY).strip('"').replace("/", "\\/"),
+    "unicode-escaped": "".join(f"\\u{ord(c):04x}" for c in SLASHED_KEY),
+    "percent-encoded": quote(SLASHED_KEY, safe=""),
+    "percent-encoded-lowercase": quote(SLASHED_KEY, safe="").lower(),
+    "percent-encoded-twice": quote(quote(SLASHED_KEY, safe=""), safe=""),
+    "base64": base64.b64encode(SLASHED_KEY.encode()).decode(),
+    "base64-of-the-header": base64.b64encode(f"Bearer {SLASHED_KEY}".encode()).decode(),
+    "base64-urlsafe": base64.urlsafe_b64encode(f"key={SLASHED_KEY}".encode()).decode(),
+    "lowercased": SLASHED_KEY.lower(),
+    "uppercased": SLASHED_KEY.upper(),
+    "hex": SLASHED_KEY.encode().hex(),
+    "html-references": "".join(f"&#{ord(c)};" for c in SLASHED_KEY),
+}
+
+
+def leaked_forms(text: str) -> list[str]:
+    """The forms of SLASHED_KEY (raw or as KEY_FORMS writes them, each also JSON-escaped again, as an event log
+    stores text) found in `text`; for base64 the characters that depend on the key's bytes alone."""
+    forms = {"raw": SLASHED_KEY, **KEY_FORMS, "base64-of-the-header": KEY_FORMS["base64-of-the-header"][12:-4],
+             "base64-urlsafe": KEY_FORMS["base64-urlsafe"][4:-4]}
+    return [name for name, form in forms.items() if form in text or json.dumps(form).strip('"') in text]
+
+
+@pytest.mark.parametrize("form", KEY_FORMS)
+def test_an_echoed_key_is_redacted_in_every_encoding(server, make_llm, caplog, form):
+    """An endpoint echoing the Authorization header back in its error body: the key, in whichever encoding
+    it comes back, reaches neither the error nor the log (the retry warning quotes the body too)."""
+    caplog.set_level(logging.DEBUG)
+    echo = json.dumps({"error": {"message": "invalid credentials", "received": KEY_FORMS[form]}})
+    server.script(Reply.error(500, echo), Reply.error(401, echo))
+    with pytest.raises(LLMRequestError) as error:
+        make_llm(api_key=SLASHED_KEY, max_retries=1).chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert "attempt 1/2 failed (HTTP 500" in caplog.text and "refused the request (HTTP 401" in str(error.value)
+    # base64 keeps the few characters around the key that also encode its neighbours ("Bearer ", the padding)
+    assert re.search(r'"received": "[^"]{0,12}\*\*\*[^"]{0,4}"', str(error.value))
+    assert leaked_forms(f"{error.value}\n{caplog.text}") == []
+
+
+def test_an_echoed_key_reaches_no_event_log_and_no_stderr(server, cache_url, tmp_path, capfd, monkeypatch):
+    """The same in a Dagster run on a persistent instance: the run fails naming the refusal, and no form of the
+    key is in stderr or in any file of the instance (runs/index.db, the per-run event logs, compute logs)."""
+    monkeypatch.setenv("COVLAB_LLM_API_KEY", SLASHED_KEY)
+    forms = ["json-escaped", "percent-encoded", "base64-of-the-header", "lowercased"]
+    echo = json.dumps({"error": "invalid credentials", "received": {name: KEY_FORMS[name] for name in forms}})
+    server.script(Reply.error(500, echo), Reply.error(401, echo))
+
+    @asset
+    def asks_the_llm(llm: LLMResource) -> list[str]:
+        return llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+
+    llm = LLMResource(backend="openai", base_url=server.url, model="fake-model", timeout_s=2.0, max_retries=1,
+                      backoff_base_s=0.01, api_key=EnvVar("COVLAB_LLM_API_KEY"), cache_url=cache_url)
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster")) as instance:
+        result = materialize([asks_the_llm], resources={"llm": llm}, instance=instance, raise_on_error=False)
+        events = "\n".join(repr(entry) for entry in instance.all_logs(result.run_id))
+    assert not result.success and "refused the request (HTTP 401" in events
+    assert server.requests[-1].headers["Authorization"] == f"Bearer {SLASHED_KEY}"
+    stored = "\n".join(path.read_bytes().decode("utf-8", errors="replace")
+                       for path in sorted((tmp_path / "dagster").rglob("*")) if path.is_file())
+    assert "runs/index.db" in "\n".join(str(p) for p in (tmp_path / "dagster").rglob("index.db"))
+    assert leaked_forms(events) == [] and leaked_forms(stored) == []
+    assert leaked_forms(capfd.readouterr().err) == []
 
 
 def test_credentials_in_the_base_url_are_never_shown(server, make_llm, cache_url, caplog):

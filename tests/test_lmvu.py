@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from covlab.models.budgeted import Budget, Pool, RelevanceOrder, Selector
+from covlab.models.selectors import Blend, Budget, Pool, RelevanceOrder, Selection, Selector
 from covlab.models.lmvu import (FEATURE_GROUPS, FEATURE_NAMES, GAINS, LMVU, LabelledPool, LMVURanker,
                                 SelectionState, heldout_top1_accuracy, train_lmvu, true_gain)
 from covlab.models.viewpoints import rvc1
@@ -86,7 +86,9 @@ def test_every_selection_fits_its_budget_and_stops_only_when_nothing_fits():
         pool = random_pool(rng, int(rng.integers(0, 13)))
         budget = random_budget(rng, pool)
         select = LMVU(random_ranker(rng))
-        chosen = select(pool, budget)
+        selection = select(pool, budget)
+        chosen = selection.items
+        assert isinstance(selection, Selection) and selection.gains.shape == chosen.shape
         assert chosen.ndim == 1 and np.issubdtype(chosen.dtype, np.integer)
         assert len(np.unique(chosen)) == len(chosen) and ((chosen >= 0) & (chosen < pool.size)).all()
         costs = budget.costs(pool.tokens)
@@ -101,6 +103,34 @@ def test_lmvu_is_a_frozen_selector(synthetic):
     assert isinstance(select, Selector) and select.name == "lmvu"
     with pytest.raises(AttributeError):
         select.ranker = None
+
+
+def test_gains_are_the_ranker_scores_at_each_step(synthetic):
+    """An LMVU selection's gains are the ranker's score of the chosen item at the state it was chosen in
+    (recomputed here step by step on a fresh state), and a Blend at weight 1 is LMVU itself, bit for bit."""
+    _, _, test, trained = synthetic
+    select = LMVU(trained.ranker)
+    for labelled in test[:5]:
+        for budget in BUDGETS + (Budget(k=4),):
+            selection = select(labelled.pool, budget)
+            state = SelectionState(labelled.pool, budget)
+            expected = []
+            for item in selection.items.tolist():
+                expected.append(trained.ranker.scores(state.features())[item])
+                state.add(item)
+            np.testing.assert_allclose(selection.gains, expected, rtol=1e-12, atol=1e-12)
+            blended = Blend(select, 1.0)(labelled.pool, budget)
+            np.testing.assert_array_equal(blended.items, selection.items)
+            np.testing.assert_array_equal(blended.gains, selection.gains)
+
+
+def test_lmvu_refuses_a_pool_without_embeddings(synthetic):
+    scores_only = Pool(relevance=np.array([0.9, 0.5]), tokens=np.array([1, 2]))
+    with pytest.raises(ValueError, match="needs the pool's embeddings; this pool has none"):
+        LMVU(synthetic[3].ranker)(scores_only, Budget(k=1))
+    no_tokens = Pool(embeddings=np.eye(2), query=np.ones(2))
+    with pytest.raises(ValueError, match="needs the pool's tokens"):
+        LMVU(synthetic[3].ranker)(no_tokens, Budget(tokens=1))
 
 
 def test_features_computed_by_hand():
@@ -225,7 +255,9 @@ def test_selection_is_blind_to_gold_labels(synthetic):
             object.__setattr__(blind, "covers", Tripwire())
             object.__setattr__(blind, "source_units", Tripwire())
             for variant in (pool, other, blind):
-                np.testing.assert_array_equal(select(variant, budget), expected)
+                chosen = select(variant, budget)
+                np.testing.assert_array_equal(chosen.items, expected.items)
+                np.testing.assert_array_equal(chosen.gains, expected.gains)
 
 
 def test_trained_lmvu_beats_chance_and_relevance_on_held_out_pools(synthetic):
@@ -234,8 +266,8 @@ def test_trained_lmvu_beats_chance_and_relevance_on_held_out_pools(synthetic):
     assert 0 < chance < 0.3 and accuracy > chance + 0.25, (accuracy, chance)
     select, relevance = LMVU(trained.ranker), RelevanceOrder()
     for budget in BUDGETS:
-        ours = np.mean([rvc1(p.gold, select(p.pool, budget)) for p in test])
-        baseline = np.mean([rvc1(p.gold, relevance(p.pool, budget)) for p in test])
+        ours = np.mean([rvc1(p.gold, select(p.pool, budget).items) for p in test])
+        baseline = np.mean([rvc1(p.gold, relevance(p.pool, budget).items) for p in test])
         assert ours > baseline + 0.2, (budget, ours, baseline)
 
 
@@ -258,8 +290,8 @@ def test_round_trip_gives_identical_selections(synthetic):
     assert (restored.C, restored.gain, restored.feature_names) == (trained.C, trained.ranker.gain, FEATURE_NAMES)
     for labelled in test:
         for budget in BUDGETS + (Budget(k=3),):
-            np.testing.assert_array_equal(LMVU(restored)(labelled.pool, budget),
-                                          LMVU(trained.ranker)(labelled.pool, budget))
+            np.testing.assert_array_equal(LMVU(restored)(labelled.pool, budget).items,
+                                          LMVU(trained.ranker)(labelled.pool, budget).items)
 
 
 @pytest.mark.parametrize("names", [FEATURE_NAMES[::-1], FEATURE_NAMES[:-1] + ("tokens",), FEATURE_NAMES[:-1]])

@@ -11,7 +11,7 @@ import pytest
 from covlab.models.dataset import TABLES
 from covlab.models.metrics import evaluate_run
 from covlab.models.schemas import document_text
-from covlab.models.selection import soft_greedy_coverage
+from covlab.models.selectors import Budget, CoverageGreedy, Pool
 from covlab.orchestration.cli import main
 from covlab.resources.datasets import read_dataset
 from covlab.resources.longdoc_dataset import PROFILES, build_longdoc_dataset, write_longdoc
@@ -151,7 +151,8 @@ def test_soft_greedy_on_random_probabilities_falls_far_below_pool_order(small):
         assert len(pool) == 50  # the questions' common words match most chunks, as over natural text
         runs["pool order"] += [(qid, d, r) for r, d in enumerate(pool[:10], start=1)]
         probs = rng.random((len(pool), int((small.nuggets["query_id"] == qid).sum())))
-        chosen = soft_greedy_coverage(probs, tie_break=-np.arange(len(pool), dtype=float), k=10)
+        ranked = Pool(relevance=-np.arange(len(pool), dtype=float), covers=probs)  # in pool order
+        chosen = CoverageGreedy(soft=True)(ranked, Budget(k=10)).items
         runs["soft greedy, random p"] += [(qid, pool[i], r) for r, i in enumerate(chosen, start=1)]
     score = {}
     for method, rows in runs.items():

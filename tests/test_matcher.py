@@ -19,14 +19,9 @@ from covlab.models.matcher import (PlattScaling, load_matcher_scorer, matching_g
                                    train_matcher)
 from covlab.models.metrics import brier_score, expected_calibration_error
 from covlab.resources.datasets import read_dataset
-from tiny_bert import one_thread, save_tiny_bert
+from tiny_bert import one_thread
 
 TINY_TRAINING = {"max_length": 64, "epochs": 2, "batch_size": 8, "learning_rate": 1e-4}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """MCompassRAG's student (models/mcompass.py): the loss by hand, the properties METHODS.md §4 and the issue
-name (order-free scores, dense reduction, seeded identity), pair sampling, the estimator teacher, folds."""
+name (order-free scores, dense reduction, seeded identity), pair sampling, the estimator teacher, the students
+of each fold of the evaluation protocol (models/protocol.py) and their runs."""
 
 import math
 
@@ -8,10 +9,11 @@ import pandas as pd
 import pytest
 import torch
 
-from covlab.models.mcompass import (BankTensors, Fold, MCompassStudent, PairSettings, StudentSettings,
-                                    TrainingSettings, distillation_loss, estimator_teacher, evaluation_folds,
-                                    heldout_ie, llm_teacher, load_student, rating_logit, retrieve, sample_pairs,
-                                    save_student, student_runs, student_variants, train_student)
+from covlab.models.mcompass import (STUDENT, BankTensors, MCompassStudent, PairSettings, StudentSettings,
+                                    TrainingSettings, distillation_loss, estimator_teacher, heldout_ie, llm_teacher,
+                                    load_student, load_students, rating_logit, retrieve, sample_pairs, save_student,
+                                    save_students, student_runs, student_variants, train_student, train_students)
+from covlab.models.protocol import EvaluationProtocol, Fold
 from covlab.models.topics import TopicBank
 
 torch.set_num_threads(1)
@@ -145,7 +147,7 @@ def test_a_trained_student_retrieves_its_topic_for_unseen_queries():
                             TrainingSettings(epochs=30, batch_size=64, learning_rate=3e-3),
                             dev_pairs=_pairs(bank, topic, dev))
     assert trained.epoch_losses[-1] < trained.epoch_losses[0]
-    assert trained.dev_losses[trained.kept_epoch - 1] == min(trained.dev_losses) and len(trained.dev_losses) == 30
+    assert trained.dev_losses[trained.kept_epoch] == min(trained.dev_losses) and len(trained.dev_losses) == 31
     index, _ = retrieve(trained.model, bank, np.stack([vectors[q] for q in test]), k=10)
     precision = np.mean([np.mean(topic[row] == t) for row, t in zip(index, test.values())])
     assert precision >= 0.8
@@ -177,23 +179,44 @@ def test_estimator_teacher_takes_the_best_subquestion():
 
 
 def test_evaluation_folds():
-    queries = pd.DataFrame({"query_id": ["a", "b", "c", "d"], "split": ["train", "train", "dev", "test"]})
-    assert evaluation_folds(queries, "split", ["test"]) == [Fold(("a", "b"), ("c",), ("d",))]
-    folds = evaluation_folds(queries, "grouped_cv", ["test"], fold_of={"a": 0, "b": 1, "c": 2, "d": 0})
-    assert folds == [Fold(("c",), ("b",), ("a", "d")), Fold(("a", "d"), ("c",), ("b",)),
-                     Fold(("b",), ("a", "d"), ("c",))]
+    """The students' folds are the protocol's fold plan: under split train -> dev -> test; under grouped_cv
+    (topics t0 = {a, d}, t1 = {b}, t2 = {c}, which seed 1 puts in folds 0, 1, 2) fold f evaluated, fold f + 1
+    the tune fold, the rest train."""
+    queries = pd.DataFrame({"query_id": ["a", "b", "c", "d"], "split": ["train", "train", "dev", "test"],
+                            "topic": ["t0", "t1", "t2", "t0"]})
+    assert EvaluationProtocol("split", splits=["test"]).fold_plan(queries) == [Fold(0, ("a", "b"), ("c",), ("d",))]
+    folds = EvaluationProtocol("grouped_cv", splits=["test"], folds=3, seed=1).fold_plan(queries)
+    assert folds == [Fold(0, ("c",), ("b",), ("a", "d")), Fold(1, ("a", "d"), ("c",), ("b",)),
+                     Fold(2, ("b",), ("a", "d"), ("c",))]
     with pytest.raises(ValueError, match="protocol"):
-        evaluation_folds(queries, "loo", ["test"])
+        EvaluationProtocol("loo")
 
 
-def test_student_runs_cover_every_variant_and_evaluated_query():
+def test_student_runs_cover_every_variant_and_evaluated_query(tmp_path):
     bank, topic = clustered_bank()
     vectors = {f"q{t}": bank.centroids[t] for t in range(4)}
     pairs = _pairs(bank, topic, {f"q{t}": t for t in range(4)})
-    runs = student_runs(bank, vectors, pairs, [Fold(("q0",), ("q1",), ("q2", "q3"))], student_variants(SMALL),
-                        TrainingSettings(epochs=1, batch_size=64), depth=5)
-    assert set(runs["method"]) == {"mcompass", "mcompass_no_selector", "mcompass_mean_pool"}
-    assert runs.groupby(["method", "query_id"]).size().eq(5).all() and set(runs["query_id"]) == {"q2", "q3"}
+    plan = [Fold(0, ("q0",), ("q1",), ("q2", "q3")), Fold(1, ("q2", "q3"), ("q1",), ("q0",))]
+    trained = train_students(bank, vectors, pairs, plan, student_variants(SMALL),
+                             TrainingSettings(epochs=1, batch_size=64))
+    variants = {"mcompass", "mcompass_no_selector", "mcompass_mean_pool"}
+    assert STUDENT == "mcompass" and trained.folds == tuple(plan)
+    assert set(trained.students) == {(fold, method) for fold in (0, 1) for method in variants}
+    students = {key: student.model for key, student in trained.students.items()}
+    runs = student_runs(bank, vectors, trained.folds, students, depth=5)
+    assert set(runs["method"]) == variants
+    assert runs.groupby(["method", "query_id"]).size().eq(5).all() and set(runs["query_id"]) == {"q0", "q2", "q3"}
+    # each fold's evaluated queries are retrieved by that fold's students alone
+    alone = student_runs(bank, vectors, plan[:1], {k: m for k, m in students.items() if k[0] == 0}, depth=5)
+    pd.testing.assert_frame_equal(runs[runs["query_id"].isin(["q2", "q3"])].reset_index(drop=True),
+                                  alone.reset_index(drop=True))
+    # what save_students writes, load_students reads back: the same folds, the same runs
+    folds, loaded = load_students(save_students(trained, tmp_path / "students", {"bank_content_hash": "x"}))
+    assert folds == tuple(plan) and set(loaded) == set(students)
+    pd.testing.assert_frame_equal(student_runs(bank, vectors, folds, loaded, depth=5), runs)
+    top, info = load_student(tmp_path / "students")  # the registered model: the first fold's full student
+    assert info["bank_content_hash"] == "x"
+    assert all(torch.equal(top.state_dict()[k], v) for k, v in students[(0, STUDENT)].state_dict().items())
 
 
 def test_llm_teacher_rates_expanded_queries_through_the_llm_resource(tmp_path):
@@ -233,9 +256,9 @@ def test_selection_by_heldout_ie_keeps_the_best_scoring_epoch():
     epochs_seen = {}
     trained = train_student(bank, vectors, pairs, SMALL, TrainingSettings(epochs=4, batch_size=64), select=select,
                             on_epoch=epochs_seen.__setitem__)
-    assert len(trained.dev_scores) == 4 and trained.dev_scores[trained.kept_epoch - 1] == max(trained.dev_scores)
+    assert len(trained.dev_scores) == 5 and trained.dev_scores[trained.kept_epoch] == max(trained.dev_scores)
     assert epochs_seen == {e: {"train_loss": loss, "dev_score": score} for e, loss, score in
-                           zip((1, 2, 3, 4), trained.epoch_losses, trained.dev_scores)}
+                           zip((1, 2, 3, 4), trained.epoch_losses, trained.dev_scores[1:])}
     assert select(trained.model) == pytest.approx(max(trained.dev_scores))  # the kept weights are that epoch's
     assert heldout_ie(bank, vectors, ["no-evidence"], evidence, tokens) is None
 
@@ -249,3 +272,20 @@ def test_student_config_sets_the_scorer_widths_and_refuses_other_than_two():
     for bad in ([8], [8, 4, 2], [8, 0]):
         with pytest.raises(ValueError, match="hidden: expected two positive layer widths"):
             StudentConfig(hidden=bad).student()
+
+
+def test_a_student_that_training_only_makes_worse_keeps_its_initialisation():
+    """Trained on inverted labels (each query's own topic as the negatives), every epoch retrieves worse on the
+    held-out queries than the untrained student does, so the untrained weights are kept (epoch 0): the
+    student cannot end below its initialisation on the queries it is chosen by."""
+    bank, topic = clustered_bank()
+    vectors = {f"q{t}": bank.centroids[t] for t in range(4)} | {f"d{t}": bank.centroids[t] for t in range(4)}
+    inverted = _pairs(bank, topic, {f"q{t}": t for t in range(4)}).assign(label=lambda p: 1.0 - p["label"])
+    evidence = _pairs(bank, topic, {f"d{t}": t for t in range(4)}).query("label == 1")[["query_id", "chunk_id"]]
+    select = heldout_ie(bank, vectors, [f"d{t}" for t in range(4)], evidence, pd.Series(20, index=bank.chunk_ids))
+    untrained = train_student(bank, vectors, inverted, SMALL, TrainingSettings(epochs=0), select=select)
+    trained = train_student(bank, vectors, inverted, SMALL,
+                            TrainingSettings(epochs=4, batch_size=32, learning_rate=0.1), select=select)
+    assert trained.dev_scores[0] == untrained.dev_scores[0] == pytest.approx(select(untrained.model))
+    assert max(trained.dev_scores[1:]) < trained.dev_scores[0]  # what training did: only harm
+    assert trained.kept_epoch == 0 and select(trained.model) == pytest.approx(trained.dev_scores[0])

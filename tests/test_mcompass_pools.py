@@ -1,4 +1,4 @@
-"""MCompass pools for the coverage family (issue 11): a chunk run becomes a document pool, how it relates to
+"""MCompass pools for the coverage family: a chunk run becomes a document pool, how it relates to
 the BM25 pool, and the comparison of the two pools under pool order and coverage greedy, by hand."""
 
 import math
@@ -7,9 +7,15 @@ import pandas as pd
 import pytest
 
 from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
-from covlab.models.report import POOL_ORDER, compare_pools
-from covlab.models.selection import (ESTIMATED, EstimateTrust, GreedyCoverage, select_method, select_per_query,
-                                     select_trusting_estimate)
+from covlab.models.registry import SelectorSettings, method
+from covlab.models.report import compare_pools
+from covlab.models.runs import run_method
+from covlab.models.selection import ranked_pools, select_queries
+from covlab.models.selectors import Budget, CoverageGreedy
+from covlab.models.trust import EstimateTrust, trusting
+
+POOL_ORDER = method("pool_order").name  # a pool's own rank order
+SETTINGS = SelectorSettings(tau=0.3)
 
 
 def run(rows):
@@ -63,23 +69,36 @@ def test_pool_agreement_counts_overlap_and_evidence_by_hand():
     assert figures["evidence_share"] == {"pool": pytest.approx(2 / 3), "reference": pytest.approx(1 / 3)}
 
 
-def test_select_method_is_select_per_query_without_trust_and_the_gate_with_it():
+def test_run_method_is_select_queries_through_the_gate_and_the_tuned_blend():
+    """coverage_greedy's run_method: with the gate alone (no blend weights) and a trusted estimator, the
+    selector on the pools' own matrices; with blend weights, the selector and decision `trusting` gives, above
+    and below the gate; the estimated matrix given as a long-form table or carried by the pools alike."""
     pool = pd.DataFrame({"query_id": ["q"] * 3 + ["d"] * 3, "doc_id": ["a", "b", "c"] * 2, "rank": [1, 2, 3] * 2,
                          "score": 0.0})
     matrix = pd.DataFrame({"query_id": ["q", "q", "d", "d"], "doc_id": ["c", "b", "c", "b"],
                            "subq_id": ["s1", "s2", "s1", "s2"], "probability": [0.9, 0.8, 0.9, 0.8]})
     queries = pd.DataFrame({"query_id": ["q", "d"], "split": ["test", "dev"]})
     links = pd.DataFrame({"query_id": ["d", "d"], "doc_id": ["c", "b"], "nugget_id": ["s1", "s2"], "grade": [1, 1]})
-    selector = GreedyCoverage(threshold=0.3)
-    plain, decision = select_method(pool, selector, 2, matrix, ESTIMATED)
-    assert decision == {} and plain.equals(select_per_query(pool, selector, 2, matrix, ESTIMATED))
+    entry, selector, budget = method("coverage_greedy"), CoverageGreedy(soft=False, tau=0.3), Budget(k=2)
+    pools = ranked_pools(pool, queries, matrix)
+    gate_only = EstimateTrust(dev_auc=0.9, min_dev_auc=0.65, tune_split="dev", nugget_links=None, weights=None,
+                              alpha=0.5)
+    plain = run_method(entry, pools, [budget], SETTINGS, trust=gate_only)
+    assert plain.table.equals(select_queries(pools, selector, [budget]).table)
+    assert plain.decisions[2].blend is None and not plain.decisions[2].fell_back
+    # By hand, per query (d first): b covers s2 and c s1 at tau 0.3, one new each; the tie goes to b (rank 2).
+    assert plain.table["doc_id"].tolist() == ["b", "c", "b", "c"]
+    from_table = run_method(entry, ranked_pools(pool, queries), [budget], SETTINGS, coverage=matrix, trust=gate_only)
+    assert from_table.table.equals(plain.table)
     for dev_auc in (0.9, 0.5):
-        trust = EstimateTrust(dev_auc=dev_auc, min_dev_auc=0.65, queries=queries, tune_split="dev",
-                              nugget_links=links, weights=[0.0, 1.0], alpha=0.5)
-        run_, decision = select_method(pool, selector, 2, matrix, ESTIMATED, trust)
-        expected, expected_decision = select_trusting_estimate(pool, selector, 2, matrix, ESTIMATED, trust)
-        assert run_.equals(expected) and decision == expected_decision
-        assert decision["fell_back"] is (dev_auc < 0.65)
+        trust = EstimateTrust(dev_auc=dev_auc, min_dev_auc=0.65, tune_split="dev", nugget_links=links,
+                              weights=[0.0, 1.0], alpha=0.5)
+        run_ = run_method(entry, pools, [budget], SETTINGS, trust=trust)
+        expected_selector, expected_decision = trusting(selector, trust, pools, budget)
+        assert run_.table.equals(select_queries(pools, expected_selector, [budget]).table)
+        assert run_.decisions == {2: expected_decision}
+        assert run_.decisions[2].fell_back is (dev_auc < 0.65)
+        assert run_.details()["fell_back"] is (dev_auc < 0.65)
 
 
 @pytest.fixture
@@ -109,10 +128,10 @@ def two_pools():
 
 def compare(two_pools, dev_auc):
     queries, links, qrels, pools, matrices = two_pools
-    trust = EstimateTrust(dev_auc=dev_auc, min_dev_auc=0.65, queries=queries, tune_split="dev", nugget_links=links,
+    trust = EstimateTrust(dev_auc=dev_auc, min_dev_auc=0.65, tune_split="dev", nugget_links=links,
                           weights=[0.0, 1.0], alpha=0.5)
-    return compare_pools(pools, matrices, "coverage_greedy", GreedyCoverage(threshold=0.3), trust, links, qrels,
-                         queries, ["dev", "test"], "test", "bm25", k=2, alpha=0.5)
+    return compare_pools(pools, matrices, "coverage_greedy", SETTINGS, trust, links, qrels, queries,
+                         ["dev", "test"], "test", "bm25", k=2, alpha=0.5)
 
 
 def test_compare_pools_scores_both_selections_of_both_pools_by_hand(two_pools):

@@ -8,28 +8,14 @@ import pandas as pd
 import pytest
 from dagster import AssetCheckSeverity, AssetKey, Definitions
 
-from covlab.orchestration.automation import evaluation_selection
 from covlab.orchestration.cli import materialize
 from covlab.orchestration.definitions import ASSETS, default_resources
-from covlab.orchestration.lineage import audit_figures, audit_materialization, render_json, render_text
+from covlab.resources.lineage import audit_figures, audit_materialization, render_text
 from covlab.resources.evaluation import EvaluationResource
+from tiny_bert import tiny_pipeline_config
 
+pytestmark = pytest.mark.pipeline
 PIPELINE = [a for a in ASSETS if not {k.to_user_string() for k in a.keys} & {"answers", "answer_report"}]
-
-
-def tiny_config(model: str) -> dict:
-    """Every encoder replaced by the tiny model, one short epoch: the pipeline's wiring, not its accuracy."""
-    return {"ops": {
-        "subquestions": {"config": {"base_model": model}},
-        "coverage_estimator": {"config": {"base_model": model, "epochs": 1, "max_length": 96,
-                                          "negatives_per_positive": 1.0}},
-        "coverage_biencoder": {"config": {"base_model": model, "max_length": 96}},
-        "pool_scores": {"config": {"relevance_model": model, "max_length": 96}},
-        "item_embeddings": {"config": {"model": model, "max_length": 96}},
-        "lmvu_ranker": {"config": {"states_per_query": 4}},
-        "topic_metadata_bank": {"config": {"model": model, "max_length": 96}},
-        "mcompass_student": {"config": {"epochs": 2}},
-    }}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +32,7 @@ def built(tmp_path_factory, tiny_model_dir):
     os.environ["COVLAB_HOME"], os.environ["DAGSTER_HOME"] = str(home), str(home / "dagster")
     dagster_home()
     instance = DagsterInstance.get()
-    config = tiny_config(str(tiny_model_dir))
+    config = tiny_pipeline_config(str(tiny_model_dir))
     result = materialize("demo", None, config, instance)
     yield {"home": home, "instance": instance, "result": result, "config": config}
     instance.dispose()
@@ -55,6 +41,10 @@ def built(tmp_path_factory, tiny_model_dir):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+def _as_json(node) -> str:
+    return json.dumps(node.to_dict(), indent=2, sort_keys=True, default=str)
 
 
 def _stored(home, key: str) -> pd.DataFrame:
@@ -82,7 +72,10 @@ def test_budgeted_comparison_on_demo_fits_every_budget_and_reports_every_method(
     """Every budgeted method at the demo's default budgets: selections within budget, the exact oracles
     never beaten, the report's tables in metadata, per-query figures in the results store with their budget,
     the LMVU ranker registered with its coefficients."""
-    from covlab.models.comparison import BUDGETED_METHODS, SHORT_ITEM_BUDGETS
+    from covlab.models.comparison import SHORT_ITEM_BUDGETS
+    from covlab.models.registry import Report, methods
+
+    BUDGETED_METHODS = methods(Report.COMPARISON)
 
     home, result = built["home"], built["result"]
     tokens = _stored(home, "token_counts").set_index("doc_id")["tokens"]
@@ -296,66 +289,49 @@ def _data_version(instance, key: str) -> str:
     return record.asset_materialization.tags["dagster/data_version"]
 
 
-def _nightly_tick(built):
-    from datetime import datetime, timezone
-
-    from dagster import build_schedule_context
-
-    from covlab.orchestration.automation import nightly_reevaluation
-
-    defs = Definitions(assets=ASSETS, schedules=[nightly_reevaluation], resources=default_resources(built["home"]))
-    return defs.resolve_schedule_def("nightly_reevaluation")(
-        build_schedule_context(instance=built["instance"], repository_def=defs.get_repository_def(),
-                               scheduled_execution_time=datetime(2026, 12, 1, 2, tzinfo=timezone.utc)))
+def _defs(built, assets=ASSETS) -> Definitions:
+    return Definitions(assets=assets, resources=default_resources(built["home"]))
 
 
 @pytest.mark.slow
-def test_nightly_runs_nothing_when_nothing_changed_then_only_a_changed_selector_and_its_report(built):
-    instance = built["instance"]
-    graph = Definitions(assets=ASSETS, resources=default_resources(built["home"])).resolve_asset_graph()
-    assert evaluation_selection(instance, graph, "demo") == []
-    from dagster import SkipReason
+def test_nightly_runs_nothing_when_nothing_changed_then_only_a_changed_selector_and_its_report(built, nightly):
+    from covlab.assets.selections import selection_asset
+    from covlab.models.registry import method
+    from covlab.orchestration.automation import with_nightly_condition
 
-    assert isinstance(_nightly_tick(built), SkipReason)
-    from covlab.assets.selections import METHODS, selection_asset
-
+    ticks, defs = nightly(built["instance"]), _defs(built)
+    assert ticks.night(defs) == {}  # nothing missing after the build
     changed = [a for a in ASSETS if AssetKey("selection_oracle_greedy") not in a.keys]
-    changed.append(selection_asset(next(m for m in METHODS if m.name == "oracle_greedy"), code_version="2"))
-    graph = Definitions(assets=changed, resources=default_resources(built["home"])).resolve_asset_graph()
-    assert evaluation_selection(instance, graph, "demo") == [AssetKey("coverage_report"),
-                                                             AssetKey("selection_oracle_greedy")]
+    changed.append(selection_asset(method("oracle_greedy"), code_version="2"))
+    assert ticks.night(_defs(built, with_nightly_condition(changed))) == {"coverage_report": {"demo"},
+                                                                          "selection_oracle_greedy": {"demo"}}
 
 
 @pytest.mark.slow
-def test_data_versions_are_content_hashes_a_same_content_rerun_leaves_the_nightly_nothing_to_run(built):
-    """Same inputs and seeds: the same data version, nothing stale downstream. A config change that alters
-    the output: a new data version, and everything downstream of it is stale until restored."""
-    from dagster import SkipReason
-
+def test_data_versions_are_content_hashes_a_same_content_rerun_leaves_the_nightly_nothing_to_run(built, nightly):
+    """Same inputs and seeds: the same data version, nothing requested downstream. A config change that alters
+    the output: a new data version, and what reads it (up to the reports) is requested."""
     from covlab.models.versions import content_version
 
     instance, home = built["instance"], built["home"]
-    graph = Definitions(assets=ASSETS, resources=default_resources(home)).resolve_asset_graph()
+    ticks, defs = nightly(instance), _defs(built)
+    assert ticks.night(defs) == {}
     before = _data_version(instance, "subquestions")
     assert before == content_version(_stored(home, "subquestions"))
     asked = built["config"]["ops"]["subquestions"]
     materialize("demo", ["subquestions"], {"ops": {"subquestions": asked}}, instance)
     assert _data_version(instance, "subquestions") == before
-    assert evaluation_selection(instance, graph, "demo") == []
-    assert isinstance(_nightly_tick(built), SkipReason)
+    assert ticks.night(defs) == {}
 
     fewer = {"config": {**asked["config"], "n": 2}}
     materialize("demo", ["subquestions"], {"ops": {"subquestions": fewer}}, instance)
     assert _data_version(instance, "subquestions") != before
-    stale = evaluation_selection(instance, graph, "demo")
-    assert {AssetKey("coverage_judgments"), AssetKey("coverage_report")} <= set(stale)
-    assert AssetKey("subquestions") not in stale and AssetKey("bm25_pools") not in stale
-    [request] = _nightly_tick(built)
-    assert request.asset_selection == stale
-
-    materialize("demo", ["subquestions"], {"ops": {"subquestions": asked}}, instance)
+    requested = ticks.night(defs)
+    assert {"coverage_judgments", "coverage_report"} <= set(requested)
+    assert "subquestions" not in requested and "bm25_pools" not in requested
+    assert all(partitions == {"demo"} for partitions in requested.values())
+    materialize("demo", ["subquestions"], {"ops": {"subquestions": asked}}, instance)  # as built, for what follows
     assert _data_version(instance, "subquestions") == before
-    assert evaluation_selection(instance, graph, "demo") == []
 
 
 @pytest.mark.slow
@@ -369,7 +345,7 @@ def test_candidate_sensor_requests_an_evaluation_once_per_new_candidate(built):
     context = build_sensor_context(instance=built["instance"], definitions=defs,
                                    resources={"tracking": default_resources(built["home"])["tracking"]})
     requests = sensor(context)
-    assert [r.partition_key for r in requests] == ["demo"]
+    assert [r.partition_key for r in requests] == ["demo"]  # every reader of a candidate ran after it was trained
     assert requests[0].asset_selection == [AssetKey("comparison_report"), AssetKey("coverage_report"),
                                            AssetKey("model_promotions"), AssetKey("pool_comparison"),
                                            AssetKey("retrieval_report")]
@@ -388,8 +364,8 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
                 "coverage_judgments", "bm25_pools", "bm25_index", "corpus", "nugget_links"):
         assert f"{key} [demo]" in text, key
     assert "source_files" in text and "model_uri" in text and "STALE" not in text and "GAP" not in text
-    first_json = render_json([report])
-    assert render_json([audit_materialization(instance, AssetKey("coverage_report"), "demo")]) == first_json
+    first_json = _as_json(report)
+    assert _as_json(audit_materialization(instance, AssetKey("coverage_report"), "demo")) == first_json
 
     def find(node, key):
         if node["asset_key"] == key:
@@ -400,12 +376,12 @@ def test_audit_walks_exact_pointers_and_flags_staleness_after_a_config_change(bu
                 return hit
 
     # the subquestions the report read (a later same-content re-run is newer, and not stale)
-    old_subquestions = find(json.loads(first_json)[0], "subquestions")["storage_id"]
+    old_subquestions = find(json.loads(first_json), "subquestions")["storage_id"]
     config = built["config"]
     config["ops"]["subquestions"]["config"]["n"] = 4
     materialize("demo", ["subquestions"], {"ops": {"subquestions": config["ops"]["subquestions"]}}, instance)
     again = audit_materialization(instance, AssetKey("coverage_report"), "demo")
-    tree = json.loads(render_json([again]))[0]
+    tree = json.loads(_as_json(again))
     node = find(tree, "subquestions")
     assert node["storage_id"] == old_subquestions  # the version the report read, not the latest
     assert node["shaped_by"]["config"]["n"] == 10

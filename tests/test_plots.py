@@ -7,8 +7,10 @@ import struct
 import pandas as pd
 import pytest
 
+from covlab.models.leaderboard import BOARDS, leaderboard
 from covlab.models.plots import (PNG_SIGNATURE, SIZE_PX, budget_chart, figure_entries, interval_chart,
-                                 markdown_image, method_intervals, training_curve)
+                                 leaderboard_chart, markdown_image, method_intervals, training_curve)
+from covlab.models.registry import Report
 
 
 def png_size(png: bytes) -> tuple[int, int]:
@@ -56,9 +58,15 @@ def test_figures_are_pngs_of_the_expected_size():
     figures = [interval_chart(method_intervals(PER_QUERY, "strecall@10"), "strecall@10"),
                budget_chart(rows, "rvc1 vs budget"),
                training_curve([{"epoch": 1, "train_loss": 0.7, "dev_auc": 0.6},
-                               {"epoch": 2, "train_loss": 0.5, "dev_auc": None}], "training")]
-    for png in figures:
+                               {"epoch": 2, "train_loss": 0.5, "dev_auc": None}], "training"),
+               leaderboard_chart(leaderboard(pd.DataFrame({  # two budgets of two ranked methods each
+                   "method": ["relevance", "mmr", "lmvu", "oracle_rvc1"] * 2, "budget": [32] * 4 + [64] * 4,
+                   "query_id": ["q1"] * 8, "metric": "rvc1", "value": [0.2, 0.4, 0.2, 1.0, 0.5, 0.1, 0.5, 1.0]}),
+                   BOARDS[Report.COMPARISON]), "relevance")]
+    for png in figures[:-1]:
         assert png_size(png) == SIZE_PX
+    assert png_size(figures[-1])[0] == SIZE_PX[0]  # the leaderboard's panels stack: its height follows its rows
+    for png in figures:
         assert len(png) < 30_000  # small enough to inline in metadata
 
 

@@ -9,7 +9,7 @@ import pytest
 from covlab.models.promotion import (ALREADY_CHAMPION, GATED, PROMOTE, STAYS_CANDIDATE, promotion_decision,
                                      ranker_trusted)
 from covlab.models.report import method_means, method_scores, report_figures
-from covlab.models.selection import Trust
+from covlab.models.trust import Trust
 
 
 def test_a_first_version_is_promoted():

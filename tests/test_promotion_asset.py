@@ -2,16 +2,27 @@
 registry: first versions, the estimator gate, a worse and a better second candidate; the LMVU ranker's gate
 (top-1 accuracy against chance) and its dev RVC1 deciding between its versions."""
 
+import json
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 from dagster import build_asset_context
 
 from covlab.assets.promotions import PROMOTION_CHECKS, model_promotions
 from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.results_store import ResultsStore
+from covlab.resources.model_store import PROMOTED_BY_TAG, RegisteredModel, TrainedModel
 from covlab.resources.tracking import TrackingResource
 
 EVALUATION = EvaluationResource()
 METRIC = f"alpha_ndcg@{EVALUATION.k}"
+
+
+def register(tracking, name, weights, params, metrics, tags, **signature):
+    """A version of `name` registered from `weights` as a trained asset registers one: inside its training run."""
+    with tracking.training_run(name, params, tags) as run:
+        return run.register(weights, metrics, **signature)
 
 
 @pytest.fixture
@@ -19,13 +30,17 @@ def tracking(tmp_path):
     return TrackingResource(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "art"))
 
 
-def _register(tracking, tmp_path, selector: str, **value) -> dict:
+def _trained(ref, weights, figures: dict) -> TrainedModel:
+    return TrainedModel(RegisteredModel(ref.name, ref.version, ref.uri, ref.run_id, ref.source, str(weights), ""),
+                        figures)
+
+
+def _register(tracking, tmp_path, selector: str, **figures) -> TrainedModel:
     weights = tmp_path / f"weights-{selector}"
     weights.mkdir(exist_ok=True)
     (weights / "config.json").write_text("{}")
-    ref = tracking.log_model_version(f"covlab.demo.{selector}", weights, params={}, metrics={}, tags={})
-    return {"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
-            "source": ref.source, **value}
+    ref = register(tracking, f"covlab.demo.{selector}", weights, params={}, metrics={}, tags={})
+    return _trained(ref, weights, figures)
 
 
 def _report(estimator_dev: float, biencoder_dev: float) -> pd.DataFrame:
@@ -37,21 +52,21 @@ def _report(estimator_dev: float, biencoder_dev: float) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _ranker(tracking, tmp_path, dev_rvc1: float, top1: float = 0.6, chance: float = 0.4) -> dict:
+def _ranker(tracking, tmp_path, dev_rvc1: float, top1: float = 0.6, chance: float = 0.4) -> TrainedModel:
     """A new LMVU ranker version as lmvu_ranker returns it, its dev RVC1 logged at registration as there."""
     weights = tmp_path / "weights-lmvu_ranker"
     weights.mkdir(exist_ok=True)
     (weights / "lmvu_ranker.json").write_text("{}")
-    ref = tracking.log_model_version("covlab.demo.lmvu_ranker", weights, params={}, metrics={"dev_rvc1": dev_rvc1},
-                                     tags={})
-    return {"name": ref.name, "version": ref.version, "uri": ref.uri, "mlflow_run_id": ref.run_id,
-            "source": ref.source, "dev_rvc1": dev_rvc1, "dev_top1_accuracy": top1, "dev_top1_chance": chance}
+    ref = register(tracking, "covlab.demo.lmvu_ranker", weights, params={}, metrics={"dev_rvc1": dev_rvc1}, tags={})
+    return _trained(ref, weights, {"dev_rvc1": dev_rvc1, "dev_top1_accuracy": top1, "dev_top1_chance": chance})
 
 
 def _promote(tracking, report, estimator, biencoder, ranker) -> pd.DataFrame:
     context = build_asset_context(partition_key="demo")
-    output = model_promotions(context, evaluation=EVALUATION, tracking=tracking, coverage_report=report,
-                              coverage_estimator=estimator, coverage_biencoder=biencoder, lmvu_ranker=ranker)
+    results = ResultsStore(url=tracking.tracking_uri.replace("mlflow.db", "results.db"))
+    output = model_promotions(context, evaluation=EVALUATION, tracking=tracking, results=results,
+                              coverage_report=report, coverage_estimator=estimator, coverage_biencoder=biencoder,
+                              lmvu_ranker=ranker)
     return output.value.set_index("selector")
 
 
@@ -77,13 +92,23 @@ def test_promotions_first_versions_gate_then_worse_and_better_candidates(trackin
     assert tracking.version_for_alias("covlab.demo.coverage_biencoder", "champion").version == 1
     assert _checks(tracking, first) == {"coverage_estimator_champion": False, "coverage_biencoder_champion": True,
                                       "lmvu_ranker_champion": True}
+    # a promoted version names the figure that promoted it, which the results store holds (the audit's start)
+    promoted_by = json.loads(tracking.version_for_alias("covlab.demo.coverage_biencoder", "champion")
+                             .tags[PROMOTED_BY_TAG])
+    assert {k: promoted_by[k] for k in ("report", "dataset", "method", "metric", "split")} == {
+        "report": "model_promotions", "dataset": "demo", "method": "relevance_coverage_trained", "metric": METRIC,
+        "split": EVALUATION.tune_split}
+    assert promoted_by["value"] == pytest.approx(0.5)
+    stored = ResultsStore(url=tracking.tracking_uri.replace("mlflow.db", "results.db")).find_value(0.5, 1e-9)
+    assert "relevance_coverage_trained" in set(stored["method"])
+    assert PROMOTED_BY_TAG not in tracking.versions("covlab.demo.coverage_estimator")[0].tags  # gated: not promoted
 
-    again = _promote(tracking, _report(0.9, 0.4), {**estimator, "dev_auc": trusted}, biencoder, ranker)
+    again = _promote(tracking, _report(0.9, 0.4), replace(estimator, figures={"dev_auc": trusted}), biencoder, ranker)
     assert again.loc["coverage_estimator", "action"] == "promote"
     assert again.loc["coverage_biencoder", "action"] == "already champion"  # its own score is no bar
 
     worse = _register(tracking, tmp_path, "coverage_biencoder")
-    second = _promote(tracking, _report(0.9, 0.3), {**estimator, "dev_auc": trusted}, worse, ranker)
+    second = _promote(tracking, _report(0.9, 0.3), replace(estimator, figures={"dev_auc": trusted}), worse, ranker)
     assert second.loc["coverage_biencoder", "action"] == "stays candidate"
     assert second.loc["coverage_biencoder", "champion_version"] == 1
     assert second.loc["coverage_biencoder", "champion_score"] == pytest.approx(0.4)  # logged by the last decision
@@ -92,7 +117,7 @@ def test_promotions_first_versions_gate_then_worse_and_better_candidates(trackin
                                        "lmvu_ranker_champion": True}
 
     better = _register(tracking, tmp_path, "coverage_biencoder")
-    third = _promote(tracking, _report(0.9, 0.45), {**estimator, "dev_auc": trusted}, better, ranker)
+    third = _promote(tracking, _report(0.9, 0.45), replace(estimator, figures={"dev_auc": trusted}), better, ranker)
     assert third.loc["coverage_biencoder", "action"] == "promote" and third.loc["coverage_biencoder", "version"] == 3
     assert tracking.version_for_alias("covlab.demo.coverage_biencoder", "champion").version == 3
     assert "previous champion: v1 0.4000" in third.loc["coverage_biencoder", "decision"]

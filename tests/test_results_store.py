@@ -25,7 +25,7 @@ def _postgres_problem() -> str | None:
     return None
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.services)])
 def store_settings(request, tmp_path):
     """Settings of a store that has never been used: a new SQLite file, or a new PostgreSQL schema."""
     if request.param == "sqlite":

@@ -1,7 +1,9 @@
-"""Greedy coverage selection (METHODS.md §1): exhaustive search where greedy is provably optimal, the
-(1 - 1/e) bound everywhere, the documented counterexample to "greedy beats relevance at every prefix",
-tie-breaking and fill, the soft extension and its blend with the fallback order, the estimator gate, and
-the per-query driver on the demo dataset."""
+"""Greedy coverage selection (METHODS.md §1) under a k budget: exhaustive search where greedy is provably
+optimal, the (1 - 1/e) bound everywhere, the documented counterexample to "greedy beats relevance at every
+prefix", tie-breaking and fill, the soft extension and its blend with the fallback order (models/selectors.py
+`CoverageGreedy`, `Blend`, `RelevanceOrder` with `Budget(k=...)`), the estimator gate and the tuned blend
+(models/trust.py), and the per-query driver (models/selection.py `ranked_pools`, `select_queries`) on the demo
+dataset."""
 
 import itertools
 
@@ -10,12 +12,38 @@ import pandas as pd
 import pytest
 
 from covlab.models.pools import rank_within_queries
-from covlab.models.selection import (GOLD, SELECTIONS, CoverageColumns, GreedyCoverage, RelevanceSelection,
-                                     SoftGreedyCoverage, blended_soft_greedy, choose_blend_weight, coverage_curve,
-                                     estimator_trusted, greedy_coverage, relevance_order, select_per_query,
-                                     soft_greedy_coverage)
+from covlab.models.schemas import SELECTIONS
+from covlab.models.selection import GOLD, CoverageColumns, ranked_pools, select_queries
+from covlab.models.selectors import Blend, Budget, CoverageGreedy, Pool, RelevanceOrder
+from covlab.models.trust import Decision, EstimateTrust, choose_blend_weight, estimator_trusted, trusting
 
 INSTANCES = 300
+
+
+def greedy_coverage(covers: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+    """Hard greedy coverage on a 0/1 matrix (tau 1: covered iff 1), ties and fill by `tie_break`, k items."""
+    return CoverageGreedy(soft=False, tau=1.0)(Pool(relevance=tie_break, covers=covers), Budget(k=k)).items
+
+
+def soft_greedy_coverage(probs: np.ndarray, tie_break: np.ndarray, k: int) -> np.ndarray:
+    return CoverageGreedy(soft=True)(Pool(relevance=tie_break, covers=probs), Budget(k=k)).items
+
+
+def blended_soft_greedy(probs: np.ndarray, tie_break: np.ndarray, k: int, weight: float) -> np.ndarray:
+    return Blend(CoverageGreedy(soft=True), weight)(Pool(relevance=tie_break, covers=probs), Budget(k=k)).items
+
+
+def relevance_order(scores: np.ndarray, k: int) -> np.ndarray:
+    return RelevanceOrder()(Pool(relevance=scores), Budget(k=k)).items
+
+
+def coverage_curve(covers: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Number of subquestions covered by the first 1, 2, ..., len(order) documents of `order`."""
+    covers = np.asarray(covers, dtype=bool)
+    if len(order) == 0:
+        return np.zeros(0, dtype=int)
+    return np.logical_or.accumulate(covers[np.asarray(order, dtype=int)], axis=0).sum(axis=1)
+
 
 
 def best_coverage(covers: np.ndarray, size: int) -> int:
@@ -191,35 +219,38 @@ def test_blend_trades_expected_gain_against_fallback_rank():
         blended_soft_greedy(probs, tie_break, 3, 1.5)
 
 
-def test_choose_blend_weight_keeps_the_fallback_unless_the_estimate_helps_on_the_tune_split():
+QUERIES = pd.DataFrame({"query_id": ["a", "b", "t"], "split": ["dev", "dev", "test"]})
+LINKS = pd.DataFrame({"query_id": ["a", "a", "b", "b", "t", "t"], "doc_id": ["a1", "a4", "b1", "b4", "t1", "t4"],
+                      "nugget_id": ["a-n1", "a-n2", "b-n1", "b-n2", "t-n1", "t-n2"], "grade": 1})
+
+
+def tune_pools(points_at: str):
     """Two tune queries whose pool order puts the second nugget's only document last (rank 4), and a test
-    query. An estimate that points at that document lifts alpha-nDCG on dev: some w > 0 wins. An estimate
-    that points at a document covering nothing can only lose: w = 0, the fallback, is kept."""
-    queries = pd.DataFrame({"query_id": ["a", "b", "t"], "split": ["dev", "dev", "test"]})
+    query, with an estimate that points at document `points_at` for that nugget."""
     docs = ["1", "2", "3", "4"]
     pool = pd.DataFrame({"query_id": np.repeat(["a", "b", "t"], 4), "doc_id": [f"{q}{d}" for q in "abt" for d in docs],
                          "rank": np.tile([1, 2, 3, 4], 3), "score": 0.0})
-    links = pd.DataFrame({"query_id": ["a", "a", "b", "b", "t", "t"],
-                          "doc_id": ["a1", "a4", "b1", "b4", "t1", "t4"],
-                          "nugget_id": ["a-n1", "a-n2", "b-n1", "b-n2", "t-n1", "t-n2"], "grade": 1})
+    estimate = pd.DataFrame([{"query_id": q, "doc_id": f"{q}{d}", "subq_id": f"{q}-n2",
+                              "probability": 0.9 if d == points_at else 0.1} for q in "abt" for d in docs])
+    return ranked_pools(pool, QUERIES, estimate)
 
-    def estimate(points_at: str) -> pd.DataFrame:
-        rows = [{"query_id": q, "doc_id": f"{q}{d}", "subq_id": f"{q}-n2",
-                 "probability": 0.9 if d == points_at else 0.1} for q in "abt" for d in docs]
-        return pd.DataFrame(rows)
 
-    helpful = choose_blend_weight(pool, queries, "dev", estimate("4"), links, [0, 0.5, 1], k=2, alpha=0.5)
+def test_choose_blend_weight_keeps_the_fallback_unless_the_estimate_helps_on_the_tune_split():
+    """An estimate that points at the second nugget's document lifts alpha-nDCG on dev: some w > 0 wins. An
+    estimate that points at a document covering nothing can only lose: w = 0, the fallback, is kept."""
+    soft = CoverageGreedy(soft=True)
+    helpful = choose_blend_weight(soft, tune_pools("4"), "dev", Budget(k=2), LINKS, [0, 0.5, 1], alpha=0.5)
     assert helpful.weight > 0 and helpful.queries == 2 and helpful.split == "dev"
     assert helpful.scores[helpful.weight] > helpful.fallback_score
-    misleading = choose_blend_weight(pool, queries, "dev", estimate("2"), links, [0, 0.5, 1], k=2, alpha=0.5)
+    misleading = choose_blend_weight(soft, tune_pools("2"), "dev", Budget(k=2), LINKS, [0, 0.5, 1], alpha=0.5)
     assert misleading.weight == 0.0 and misleading.scores[1.0] < misleading.fallback_score
     evidence = misleading.evidence()
     assert evidence["weight"] == 0.0 and evidence["metric"] == "alpha_ndcg@2"
     assert set(evidence["scores"]) == {"0.0", "0.5", "1.0"} and evidence["chosen_score"] == evidence["fallback_score"]
     with pytest.raises(ValueError, match="include 0"):
-        choose_blend_weight(pool, queries, "dev", estimate("4"), links, [0.5, 1], k=2, alpha=0.5)
+        choose_blend_weight(soft, tune_pools("4"), "dev", Budget(k=2), LINKS, [0.5, 1], alpha=0.5)
     with pytest.raises(ValueError, match="no pooled queries in split 'train'"):
-        choose_blend_weight(pool, queries, "train", estimate("4"), links, [0, 1], k=2, alpha=0.5)
+        choose_blend_weight(soft, tune_pools("4"), "train", Budget(k=2), LINKS, [0, 1], alpha=0.5)
 
 
 def test_estimator_gate():
@@ -227,6 +258,30 @@ def test_estimator_gate():
     low = estimator_trusted(0.545, 0.65)
     assert not low.trusted and "0.5450 < 0.6500" in low.reason
     assert not estimator_trusted(float("nan"), 0.65).trusted
+
+
+def test_trusting_falls_back_below_the_gate_and_blends_above_it():
+    """Below the gate relevance order itself; above it the Blend at the weight chosen on the tune split (the
+    helpful estimate's choice above), or the selector itself when no weights are given."""
+    soft, pools = CoverageGreedy(soft=True), tune_pools("4")
+    trust = EstimateTrust(dev_auc=0.9, min_dev_auc=0.65, tune_split="dev", nugget_links=LINKS,
+                          weights=[0, 0.5, 1], alpha=0.5)
+    chosen = choose_blend_weight(soft, pools, "dev", Budget(k=2), LINKS, [0, 0.5, 1], alpha=0.5)
+    selector, decision = trusting(soft, trust, pools, Budget(k=2))
+    assert selector == Blend(soft, chosen.weight) and not decision.fell_back and decision.blend == chosen
+    assert decision.metadata() == {"fell_back": False, "estimator_gate": "dev ROC-AUC 0.9000 >= 0.6500",
+                                   "estimator_dev_auc": 0.9, "blend_weight": chosen.weight,
+                                   "blend": chosen.evidence()}
+    low = EstimateTrust(0.545, 0.65, "dev", LINKS, [0, 0.5, 1], 0.5)
+    selector, decision = trusting(soft, low, pools, Budget(k=2))
+    assert selector == RelevanceOrder() and decision.fell_back and decision.blend is None
+    assert decision == Decision(True, "dev ROC-AUC 0.5450 < 0.6500: the estimate is too close to chance to "
+                                      "select by", 0.545)
+    assert "blend_weight" not in decision.metadata()
+    gate_only = EstimateTrust(0.9, 0.65, "dev", None, None, 0.5)
+    assert trusting(soft, gate_only, pools, Budget(k=2))[0] is soft
+    with pytest.raises(ValueError, match="gold nugget links of the tune split"):
+        trusting(soft, EstimateTrust(0.9, 0.65, "dev", None, [0, 1], 0.5), pools, Budget(k=2))
 
 
 def test_k_larger_than_pool_returns_every_document_once():
@@ -252,10 +307,10 @@ def test_relevance_order_and_coverage_curve_known_answers():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: greedy_coverage(np.ones(3, dtype=bool), np.zeros(3), 1), "2-D"),
-    (lambda: greedy_coverage(np.full((2, 2), 2), np.zeros(2), 1), "boolean or 0/1"),
-    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.zeros(3), 1), "one score per document"),
-    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.array([0.0, np.nan]), 1), "finite"),
+    (lambda: greedy_coverage(np.ones(3, dtype=bool), np.zeros(3), 1), r"covers must be an \(n_items=3, n_viewpoints\)"),
+    (lambda: greedy_coverage(np.full((2, 2), 2), np.zeros(2), 1), r"probabilities in \[0, 1\] or 0/1"),
+    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.zeros(3), 1), r"covers must be an \(n_items=3"),
+    (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.array([0.0, np.nan]), 1), "relevance must be 2 finite"),
     (lambda: greedy_coverage(np.ones((2, 2), dtype=bool), np.zeros(2), -1), "non-negative integer"),
     (lambda: soft_greedy_coverage(np.array([[0.5, 1.5]]), np.zeros(1), 1), r"\[0, 1\]"),
     (lambda: soft_greedy_coverage(np.array([[0.5, np.nan]]), np.zeros(1), 1), r"\[0, 1\]"),
@@ -272,10 +327,16 @@ def demo_pools(demo_dataset):
     return rank_within_queries(candidates.assign(score=-candidates["doc_id"].str[-4:].astype(int).astype(float)))
 
 
-def test_select_per_query_matches_the_array_selectors(demo_dataset, demo_pools):
+def k_selections(pools, selector, k: int) -> pd.DataFrame:
+    """A SELECTIONS run (query_id, rank, doc_id): `selector` at Budget(k) over every pool."""
+    return SELECTIONS.conform(select_queries(pools, selector, [Budget(k=k)]).table, source="selections")
+
+
+def test_select_queries_matches_the_array_selectors(demo_dataset, demo_pools):
     links = demo_dataset.nugget_links
-    for selector in (RelevanceSelection(), GreedyCoverage(threshold=1.0), SoftGreedyCoverage()):
-        run = select_per_query(demo_pools, selector, 10, links, GOLD)
+    pools = ranked_pools(demo_pools, demo_dataset.queries, links, GOLD)
+    for selector in (RelevanceOrder(), CoverageGreedy(soft=False, tau=1.0), CoverageGreedy(soft=True)):
+        run = k_selections(pools, selector, 10)
         assert list(run.columns) == list(SELECTIONS.columns)
         assert set(run["query_id"]) == set(demo_pools["query_id"])
         for query_id, selected in run.groupby("query_id"):
@@ -286,40 +347,51 @@ def test_select_per_query_matches_the_array_selectors(demo_dataset, demo_pools):
             covered = {(d, n) for d, n in links.loc[links["query_id"] == query_id, ["doc_id", "nugget_id"]]
                        .itertuples(index=False)}
             covers = np.array([[(d, n) in covered for n in nuggets] for d in doc_ids])
-            expected = (relevance_order(-pool["rank"].to_numpy(float), 10) if selector == RelevanceSelection()
+            expected = (relevance_order(-pool["rank"].to_numpy(float), 10) if selector == RelevanceOrder()
                         else greedy_coverage(covers, -pool["rank"].to_numpy(float), 10))
             assert selected["doc_id"].tolist() == [doc_ids[i] for i in expected]
-            if selector != RelevanceSelection():  # every demo nugget has a covering document and there are <= 10
+            if selector != RelevanceOrder():  # every demo nugget has a covering document and there are <= 10
                 assert coverage_curve(covers, expected)[-1] == len(nuggets)
 
 
-def test_select_per_query_thresholds_and_missing_coverage():
-    pool = pd.DataFrame({"query_id": ["q1"] * 3 + ["q2"] * 2, "doc_id": ["a", "b", "c", "x", "y"],
-                         "rank": [1, 2, 3, 1, 2], "score": [3.0, 2.0, 1.0, 2.0, 1.0]})
+POOL = pd.DataFrame({"query_id": ["q1"] * 3 + ["q2"] * 2, "doc_id": ["a", "b", "c", "x", "y"],
+                     "rank": [1, 2, 3, 1, 2], "score": [3.0, 2.0, 1.0, 2.0, 1.0]})
+POOL_QUERIES = pd.DataFrame({"query_id": ["q1", "q2"], "split": ["test", "test"]})
+
+
+def test_select_queries_thresholds_and_missing_coverage():
     coverage = pd.DataFrame({"query_id": ["q1"] * 4, "doc_id": ["a", "b", "c", "c"],
                              "subquestion_id": ["s1", "s1", "s2", "s1"],
                              "probability": [0.2, 0.35, 0.9, 0.9]})
     columns = CoverageColumns(nugget="subquestion_id", value="probability")
-    run = select_per_query(pool, GreedyCoverage(threshold=0.3), 2, coverage, columns)
+    pools = ranked_pools(POOL, POOL_QUERIES, coverage, columns)
+    run = k_selections(pools, CoverageGreedy(soft=False, tau=0.3), 2)
     # q1: c covers s1 and s2 at tau = 0.3; then nothing new -> fill by rank (a). q2 has no rows: by rank.
     assert run.values.tolist() == [["q1", 1, "c"], ["q1", 2, "a"], ["q2", 1, "x"], ["q2", 2, "y"]]
-    soft = select_per_query(pool, SoftGreedyCoverage(), 3, coverage, columns)
+    soft = k_selections(pools, CoverageGreedy(soft=True), 3)
     # c first (1.8); then open (0.1, 0.1): a 0.2*0.1 = 0.02 < b 0.35*0.1 = 0.035 -> b, a.
     assert soft.loc[soft["query_id"] == "q1", "doc_id"].tolist() == ["c", "b", "a"]
+    # The run's own table keeps the budget (k) of every row.
+    assert select_queries(pools, CoverageGreedy(soft=True), [Budget(k=3)]).table["budget"].tolist() == [3] * 5
 
 
-def test_select_per_query_names_bad_input():
-    pool = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "b"], "rank": [1, 1], "score": [1.0, 1.0]})
+def test_select_queries_names_bad_input():
+    pool = POOL[POOL["query_id"] == "q1"].iloc[:2].assign(rank=[1, 1])
     with pytest.raises(ValueError, match="duplicate query_id/rank"):
-        select_per_query(pool, RelevanceSelection(), 1)
+        ranked_pools(pool, POOL_QUERIES)
     pool["rank"] = [1, 2]
-    with pytest.raises(TypeError, match="expected a selector .* got 'greedy'"):
-        select_per_query(pool, "greedy", 1)
-    with pytest.raises(ValueError, match=r"GreedyCoverage\(threshold=1.0, weight=1.0\) needs a coverage table "
-                                         r"\(query_id, doc_id, nugget_id, grade\)"):
-        select_per_query(pool, GreedyCoverage(threshold=1.0), 1)
+    with pytest.raises(ValueError, match="coverage_hard_tau1 needs the pool's covers; this pool has none"):
+        select_queries(ranked_pools(pool, POOL_QUERIES), CoverageGreedy(soft=False, tau=1.0), [Budget(k=1)])
     links = pd.DataFrame({"query_id": ["q1", "q1"], "doc_id": ["a", "a"], "nugget_id": ["n", "n"], "grade": [1, 1]})
     with pytest.raises(ValueError, match="duplicate query_id/doc_id/nugget_id"):
-        select_per_query(pool, GreedyCoverage(threshold=1.0), 1, links)
+        ranked_pools(pool, POOL_QUERIES, links, GOLD)
     with pytest.raises(ValueError, match=r"weight must lie in \[0, 1\]"):
-        SoftGreedyCoverage(weight=1.5)
+        Blend(CoverageGreedy(soft=True), 1.5)
+    with pytest.raises(ValueError, match="pool query 'q1' is not in the queries table"):
+        ranked_pools(pool, POOL_QUERIES[POOL_QUERIES["query_id"] == "q2"])
+
+
+def test_select_queries_names_a_value_that_is_no_selector():
+    pools = ranked_pools(POOL, POOL_QUERIES)
+    with pytest.raises(TypeError, match=r"(?i)selector.*'greedy'"):
+        select_queries(pools, "greedy", [Budget(k=1)])

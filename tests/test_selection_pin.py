@@ -7,8 +7,10 @@ read by an estimator that is trusted (dev ROC-AUC 0.9) or not (0.545). Every ass
 pipeline invokes it, with the inputs its definition names; each case's run is pinned by the SHA-256 of its
 rows, its metadata but the settings (SHA-256, plus fell_back and blend_weight in the clear; the blend's
 dev evidence scores every candidate weight), and its mean alpha-nDCG@10 and StRecall@10 against the gold
-nuggets, exactly. The figures were computed before the selectors became typed objects (issue 10); a
-refactor of the selectors must not move them."""
+nuggets, exactly. The rows and figures were computed before the selectors became typed objects, and held when
+the k selections became Budget(k=10) calls of the one selector interface (models/selectors.py); only the
+metadata's `method` entry changed then, from the selector's name to the registry method's. A refactor of the
+selectors must not move them."""
 
 import hashlib
 import json
@@ -17,11 +19,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from covlab.assets.outputs import ROW_COUNT, RUNTIME_METADATA, SOURCE_METADATA
+from covlab.assets.outputs import ROW_COUNT
+from covlab.resources.source import RUNTIME_METADATA, SOURCE_METADATA
 from covlab.assets.selections import SELECTION_ASSETS
 from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
 from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.model_store import RegisteredModel, TrainedModel
 
 TRUSTED, UNTRUSTED = 0.9, 0.545
 # matrix -> the weight of the gold link in each pair's probability (the rest is seeded noise)
@@ -36,69 +40,69 @@ ESTIMATED_CASES = [(UNTRUSTED, "informative", "default"), (TRUSTED, "informative
 # case -> (rows SHA-256[:16], metadata SHA-256[:16], fell_back, blend_weight, alpha-nDCG@10, StRecall@10)
 EXPECTED = {
     "selection_bm25/default":
-        ("05582be0aec77a6b", "471b6a2c32962a23", None, None, 0.696377126846773, 0.887962962962963),
+        ("05582be0aec77a6b", "ac4cf9a4061a40ed", None, None, 0.696377126846773, 0.887962962962963),
     "selection_relevance/default":
         ("58d7f56c38771058", "c38978fd77ace382", None, None, 0.752007500346895, 0.9069444444444444),
     "selection_relevance_coverage_trained/default":
-        ("696e859dca389d05", "866e8722c345ca72", None, None, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "9258a9c7d0751e0a", None, None, 0.748180398572468, 0.8868386243386244),
     "selection_coverage_greedy/auc0.545/informative/default":
-        ("696e859dca389d05", "02dabc02971a26c2", True, None, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "825bd2247a3107f6", True, None, 0.748180398572468, 0.8868386243386244),
     "selection_coverage_greedy/auc0.9/informative/default":
-        ("27a6c045a1bf8edf", "995812dde594d3f3", False, 1.0, 0.8969693846617726, 1.0),
+        ("27a6c045a1bf8edf", "6dd4083358fdf35d", False, 1.0, 0.8969693846617726, 1.0),
     "selection_coverage_greedy/auc0.9/moderate/default":
-        ("879ee291c54520b4", "c1cae3052d813f7e", False, 0.25, 0.7619332370153559, 0.8868386243386244),
+        ("879ee291c54520b4", "8b8259c6e741ca14", False, 0.25, 0.7619332370153559, 0.8868386243386244),
     "selection_coverage_greedy/auc0.9/weak/default":
-        ("ececb42e3ff10d4f", "877de6eee71bc5ca", False, 0.5, 0.766367076005924, 0.8868386243386244),
+        ("ececb42e3ff10d4f", "510b84b4305a2166", False, 0.5, 0.766367076005924, 0.8868386243386244),
     "selection_coverage_greedy/auc0.9/coin/default":
-        ("696e859dca389d05", "de947fd943d1c70b", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "32744c584d36a35f", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_coverage_greedy/auc0.9/weak/tau0.5":
-        ("340fe84bdad8c25e", "b80d2083d227f755", False, 0.75, 0.8009756080326841, 0.8868386243386244),
+        ("340fe84bdad8c25e", "b51bfb6fb8d001a4", False, 0.75, 0.8009756080326841, 0.8868386243386244),
     "selection_coverage_greedy/auc0.9/moderate/weights0-0.5":
-        ("696e859dca389d05", "4a6021535273cf39", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "2b2606ce66e2676f", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_coverage_greedy_soft/auc0.545/informative/default":
-        ("696e859dca389d05", "2e1896b190c4114a", True, None, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "0e8a8bda19e92ac2", True, None, 0.748180398572468, 0.8868386243386244),
     "selection_coverage_greedy_soft/auc0.9/informative/default":
-        ("5c4346ea7960d290", "479abe9c8e1b9daa", False, 1.0, 0.9788439024058304, 1.0),
+        ("5c4346ea7960d290", "cf86cffd42573267", False, 1.0, 0.9788439024058304, 1.0),
     "selection_coverage_greedy_soft/auc0.9/moderate/default":
-        ("f56f30d004dca6bf", "6e6c2e312dca6147", False, 1.0, 0.9580570790644706, 1.0),
+        ("f56f30d004dca6bf", "204206241604e27e", False, 1.0, 0.9580570790644706, 1.0),
     "selection_coverage_greedy_soft/auc0.9/weak/default":
-        ("8628f26415ac0a6b", "73534732815d0271", False, 1.0, 0.9002896537032004, 0.9629629629629629),
+        ("8628f26415ac0a6b", "c1291c0221208729", False, 1.0, 0.9002896537032004, 0.9629629629629629),
     "selection_coverage_greedy_soft/auc0.9/coin/default":
-        ("277254f6ffb2bf15", "7aa728026587c216", False, 0.75, 0.756046507891111, 0.8868386243386244),
+        ("277254f6ffb2bf15", "4fc32e26119565a5", False, 0.75, 0.756046507891111, 0.8868386243386244),
     "selection_coverage_greedy_soft/auc0.9/weak/tau0.5":
-        ("8628f26415ac0a6b", "73534732815d0271", False, 1.0, 0.9002896537032004, 0.9629629629629629),
+        ("8628f26415ac0a6b", "c1291c0221208729", False, 1.0, 0.9002896537032004, 0.9629629629629629),
     "selection_coverage_greedy_soft/auc0.9/moderate/weights0-0.5":
-        ("50d554d94ee8bd7b", "079e50e11e489ab5", False, 0.5, 0.7883958987314709, 0.8868386243386244),
+        ("50d554d94ee8bd7b", "dce48d7eb35f7170", False, 0.5, 0.7883958987314709, 0.8868386243386244),
     "selection_gold_nugget_bound/auc0.545/informative/default":
-        ("696e859dca389d05", "02dabc02971a26c2", True, None, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "d76ced26010d7fc8", True, None, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound/auc0.9/informative/default":
-        ("27a6c045a1bf8edf", "995812dde594d3f3", False, 1.0, 0.8969693846617726, 1.0),
+        ("27a6c045a1bf8edf", "f8ecbfa245bbf49f", False, 1.0, 0.8969693846617726, 1.0),
     "selection_gold_nugget_bound/auc0.9/moderate/default":
-        ("696e859dca389d05", "c48d900e095d22b9", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "97c9c622b8e9b893", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound/auc0.9/weak/default":
-        ("696e859dca389d05", "ae36464bc74408a9", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "5f95ca925851b613", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound/auc0.9/coin/default":
-        ("696e859dca389d05", "baea7858da65dd60", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "dd0dd87da3127abf", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound/auc0.9/weak/tau0.5":
-        ("696e859dca389d05", "3bb25f9a9f747928", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "76d9e20ea9a68e4d", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound/auc0.9/moderate/weights0-0.5":
-        ("696e859dca389d05", "c2793b5720e5e773", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "070da44893b54350", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound_soft/auc0.545/informative/default":
-        ("696e859dca389d05", "2e1896b190c4114a", True, None, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "132ccef81c603980", True, None, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound_soft/auc0.9/informative/default":
-        ("5333841e8310eb0c", "707d82d8ebf015b2", False, 1.0, 0.9963199257406871, 1.0),
+        ("5333841e8310eb0c", "89f341ffe51a7600", False, 1.0, 0.9963199257406871, 1.0),
     "selection_gold_nugget_bound_soft/auc0.9/moderate/default":
-        ("980ff634c62b598e", "8770ffecd8c38bdf", False, 1.0, 0.9740815874947083, 1.0),
+        ("980ff634c62b598e", "2c933d1a9003df62", False, 1.0, 0.9740815874947083, 1.0),
     "selection_gold_nugget_bound_soft/auc0.9/weak/default":
-        ("cfeb00788b21bfe3", "7e4c61b42d307e57", False, 1.0, 0.899022556552593, 0.9398148148148149),
+        ("cfeb00788b21bfe3", "43f17095792d8841", False, 1.0, 0.899022556552593, 0.9398148148148149),
     "selection_gold_nugget_bound_soft/auc0.9/coin/default":
-        ("696e859dca389d05", "87f968b2f5f42216", False, 0.0, 0.748180398572468, 0.8868386243386244),
+        ("696e859dca389d05", "65a45b986f027ba8", False, 0.0, 0.748180398572468, 0.8868386243386244),
     "selection_gold_nugget_bound_soft/auc0.9/weak/tau0.5":
-        ("cfeb00788b21bfe3", "7e4c61b42d307e57", False, 1.0, 0.899022556552593, 0.9398148148148149),
+        ("cfeb00788b21bfe3", "43f17095792d8841", False, 1.0, 0.899022556552593, 0.9398148148148149),
     "selection_gold_nugget_bound_soft/auc0.9/moderate/weights0-0.5":
-        ("dbc511d02221d5dc", "743821db12aab762", False, 0.5, 0.7850346742636326, 0.8868386243386244),
+        ("dbc511d02221d5dc", "9f4d422af779e11f", False, 0.5, 0.7850346742636326, 0.8868386243386244),
     "selection_oracle_greedy/default":
-        ("27a6c045a1bf8edf", "a78c9288c009b753", None, None, 0.8969693846617726, 1.0),
+        ("27a6c045a1bf8edf", "e48afaf18b1a0118", None, None, 0.8969693846617726, 1.0),
 }
 
 # asset -> its inputs (input name -> asset) and code version, as the selection assets are defined
@@ -186,8 +190,10 @@ def cases():
 
 def run_case(assets_def, dev_auc, strength, settings, inputs, matrices):
     available = {**inputs, "evaluation": EVALUATIONS[settings]}
-    if dev_auc is not None:
-        available["coverage_estimator"] = {"dev_auc": dev_auc}
+    if dev_auc is not None:  # what the selections read of the estimator: its dev ROC-AUC (the gate)
+        model = RegisteredModel("covlab.demo.coverage_estimator", 1, "models:/covlab.demo.coverage_estimator/1", "run",
+                                "source", "path", "hash")
+        available["coverage_estimator"] = TrainedModel(model, {"dev_auc": dev_auc})
     coverage_key = assets_def.keys_by_input_name.get("coverage")
     if coverage_key is not None:
         coverage = coverage_key.to_user_string()

@@ -77,6 +77,16 @@ def test_each_distinct_text_is_tokenized_once(counter, monkeypatch):
     assert len(wrapper.calls) == 2 and len(loads) == 1
 
 
+def test_a_bounded_cache_keeps_at_most_its_texts_beyond_one_call(counter):
+    bounded = TokenCounter(max_cached=3)
+    bounded._tokenizer = counter.tokenizer
+    assert bounded.count(["hello world", "a"]).tolist() == [2, 1] and len(bounded._counts) == 2
+    assert bounded.count(["a", "b"]).tolist() == [1, 1] and len(bounded._counts) == 3  # fits: kept
+    assert bounded.count(["a", "Coverage-aware selection."]).tolist() == [1, 5]  # would be 4: emptied first
+    assert sorted(bounded._counts) == ["Coverage-aware selection.", "a"]  # what this call counted
+    assert bounded.count([f"word{i}" for i in range(5)]).tolist() == [2] * 5 and len(bounded._counts) == 5
+
+
 def test_order_is_preserved(counter):
     texts = ["one two three four", "one", "one two three", "one two", ""]
     assert counter.count(texts).tolist() == [4, 1, 3, 2, 0]

@@ -1,6 +1,7 @@
 """The MLflow tracking resource on a SQLite tracking store in a temporary folder: versions, tags, aliases,
 byte-identical downloads, no secret in anything logged, no mlflow global touched."""
 
+import base64
 import json
 import os
 import tempfile
@@ -13,11 +14,19 @@ import pytest
 from mlflow import MlflowClient
 from safetensors.numpy import save_file
 
+from covlab.models.versions import directory_hash
+from covlab.resources.model_store import CONTENT_HASH_TAG
 from covlab.resources.tracking import REDACTED, TrackingResource
 
 SECRET = "sk-covlab-test-5f2a9c0e1d7b"
 TAGS = {"dagster/run_id": "run-123", "dagster/asset_key": "coverage_estimator", "dagster/code_version": "4",
         "dagster/input_data_version/qrels": "dv-1"}
+
+def register(tracking, name, weights, params, metrics, tags, **signature):
+    """A version of `name` registered from `weights` as a trained asset registers one: inside its training run."""
+    with tracking.training_run(name, params, tags) as run:
+        return run.register(weights, metrics, **signature)
+
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +59,8 @@ def files_of(folder: Path) -> dict[str, bytes]:
 def test_logged_version_is_registered_with_tags_and_candidate_alias(tracking, tmp_path):
     name = "covlab.demo.coverage_estimator"
     global_uris = (mlflow.get_tracking_uri(), mlflow.get_registry_uri())
-    ref = tracking.log_model_version(name, weights_dir(tmp_path / "w", seed=1), params={"lr": 3e-5, "epochs": 2},
+    weights = weights_dir(tmp_path / "w", seed=1)
+    ref = register(tracking, name, weights, params={"lr": 3e-5, "epochs": 2},
                                      metrics={"val_loss": 0.25, "val_auc": 0.9}, tags=TAGS)
     assert (ref.name, ref.version, ref.uri) == (name, 1, f"models:/{name}/1")
     assert dict(ref.tags) == TAGS and ref.aliases == ("candidate",)
@@ -59,7 +69,8 @@ def test_logged_version_is_registered_with_tags_and_candidate_alias(tracking, tm
     # What MLflow itself holds, read with a client of our own.
     client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
     version = client.get_model_version(name, "1")
-    assert version.tags == TAGS and version.run_id == ref.run_id and version.source == ref.source
+    assert version.tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(weights)}  # what a download verifies
+    assert version.run_id == ref.run_id and version.source == ref.source
     assert client.get_model_version_by_alias(name, "candidate").version == 1
     run = client.get_run(ref.run_id)
     assert run.info.status == "FINISHED"
@@ -76,9 +87,9 @@ def test_logged_version_is_registered_with_tags_and_candidate_alias(tracking, tm
 
 def test_new_version_moves_candidate_and_champion_stays(tracking, tmp_path):
     name = "covlab.demo.lmvu_ranker"
-    first = tracking.log_model_version(name, weights_dir(tmp_path / "w1", seed=1), {}, {"val_loss": 0.5}, TAGS)
+    first = register(tracking, name, weights_dir(tmp_path / "w1", seed=1), {}, {"val_loss": 0.5}, TAGS)
     tracking.set_alias(name, "champion", first.version)
-    second = tracking.log_model_version(name, weights_dir(tmp_path / "w2", seed=2), {}, {"val_loss": 0.4},
+    second = register(tracking, name, weights_dir(tmp_path / "w2", seed=2), {}, {"val_loss": 0.4},
                                         {**TAGS, "dagster/run_id": "run-456"})
     assert second.version == 2
     assert tracking.version_for_alias(name, "candidate") == second
@@ -96,7 +107,7 @@ def test_new_version_moves_candidate_and_champion_stays(tracking, tmp_path):
 def test_download_gives_identical_bytes(tracking, tmp_path, monkeypatch):
     name = "covlab.demo.mcompass_student"
     source = weights_dir(tmp_path / "w", seed=3)
-    ref = tracking.log_model_version(name, source, {}, {}, TAGS)
+    ref = register(tracking, name, source, {}, {}, TAGS)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     fresh = tracking.download(ref)
@@ -117,7 +128,7 @@ def test_downloaded_transformer_reloads_with_any_batch_size(tracking, tmp_path):
     model = BertModel(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=32, max_position_embeddings=32)).eval()
     model.save_pretrained(tmp_path / "w")
-    ref = tracking.log_model_version("covlab.demo.coverage_biencoder", tmp_path / "w", {}, {}, TAGS)
+    ref = register(tracking, "covlab.demo.coverage_biencoder", tmp_path / "w", {}, {}, TAGS)
     reloaded = AutoModel.from_pretrained(tracking.download(ref, tmp_path / "dl")).eval()
     ids = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]])
     with torch.no_grad():
@@ -132,13 +143,16 @@ def test_secrets_are_never_logged(tracking, mlflow_home, tmp_path, monkeypatch):
     name = "covlab.demo.secretive"
     params = {"llm": {"api_key": SECRET, "model": "judge-1", "password": "hunter2"}, "note": f"key={SECRET}",
               "lr": 0.1, "token_budget": 512, "tokenizer": {"pad_token": "[PAD]"}}
-    ref = tracking.log_model_version(name, weights_dir(tmp_path / "w", seed=4), params, {"val_loss": 0.3},
-                                     {**TAGS, "hf_token": "abc", "endpoint": f"https://x?key={SECRET}"})
+    ref = register(tracking, name, weights_dir(tmp_path / "w", seed=4), params, {"val_loss": 0.3},
+                                     {**TAGS, "hf_token": "abc", "endpoint": f"https://x?key={SECRET}",
+                                      "upstream": base64.b64encode(f"Bearer {SECRET}".encode()).decode(),
+                                      "shouted": f"KEY={SECRET.upper()}"})
     client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
     run = client.get_run(ref.run_id)
     assert run.data.params == {"llm.api_key": REDACTED, "llm.model": "judge-1", "llm.password": REDACTED,
                                "note": REDACTED, "lr": "0.1", "token_budget": "512", "tokenizer.pad_token": "[PAD]"}
     assert run.data.tags["hf_token"] == REDACTED and run.data.tags["endpoint"] == REDACTED
+    assert run.data.tags["upstream"] == REDACTED and run.data.tags["shouted"] == REDACTED  # encoded forms too
     assert ref.tags["endpoint"] == REDACTED and ref.tags["dagster/run_id"] == "run-123"
     # Nowhere on disk: neither the tracking database nor any artifact.
     for folder, _, names in os.walk(mlflow_home):
@@ -151,22 +165,22 @@ def test_weights_holding_a_secret_are_refused(tracking, tmp_path, monkeypatch):
     folder = weights_dir(tmp_path / "w", seed=5)
     (folder / "config.json").write_text(json.dumps({"api_base": "x", "key": SECRET}))
     with pytest.raises(ValueError, match="contains the value of the environment variable COVLAB_LLM_API_KEY"):
-        tracking.log_model_version("covlab.demo.leaky", folder, {}, {}, TAGS)
+        register(tracking, "covlab.demo.leaky", folder, {}, {}, TAGS)
     assert tracking.versions("covlab.demo.leaky") == []
 
 
 def test_absent_models_aliases_and_metrics(tracking, tmp_path):
     assert tracking.versions("covlab.absent") == []
     assert tracking.version_for_alias("covlab.absent", "champion") is None
-    ref = tracking.log_model_version("covlab.demo.present", weights_dir(tmp_path / "w", seed=6), {},
+    ref = register(tracking, "covlab.demo.present", weights_dir(tmp_path / "w", seed=6), {},
                                      {"val_loss": 0.1}, TAGS)
     assert tracking.version_for_alias("covlab.demo.present", "champion") is None
     with pytest.raises(KeyError, match=r"no metric 'ndcg'; logged: \['val_loss'\]"):
         tracking.metric(ref, "ndcg")
     with pytest.raises(FileNotFoundError, match="no files to log"):
-        tracking.log_model_version("covlab.demo.present", tmp_path / "missing", {}, {}, TAGS)
+        register(tracking, "covlab.demo.present", tmp_path / "missing", {}, {}, TAGS)
     with pytest.raises(ValueError, match="metric 'val_loss' of covlab.demo.present: expected a number"):
-        tracking.log_model_version("covlab.demo.present", tmp_path / "w", {}, {"val_loss": "low"}, TAGS)
+        register(tracking, "covlab.demo.present", tmp_path / "w", {}, {"val_loss": "low"}, TAGS)
     assert [v.version for v in tracking.versions("covlab.demo.present")] == [1]
 
 
@@ -191,7 +205,8 @@ def test_training_run_spans_the_training_with_epoch_steps_and_a_signature(tracki
         (1, 1.0), (2, 0.5), (3, 1.0 / 3)]
     assert sorted(m.step for m in client.get_metric_history(ref.run_id, "dev_auc")) == [0, 1, 2, 3]  # 0: final
     assert client.get_metric_history(ref.run_id, "dev_score") == []
-    assert dict(ref.tags) == TAGS and client.get_model_version(name, "1").tags == TAGS
+    assert dict(ref.tags) == TAGS
+    assert client.get_model_version(name, "1").tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(source)}
     # The version reloads with its signature and input example through MLflow's own loaders.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.tracking_uri)
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", tracking.tracking_uri)
@@ -204,7 +219,12 @@ def test_training_run_spans_the_training_with_epoch_steps_and_a_signature(tracki
     pd.testing.assert_frame_equal(loaded, example)
     # The weights download as logged, without MLflow's metadata files.
     assert files_of(tracking.download(ref, tmp_path / "dl")) == files_of(source)
+    monkeypatch.delenv("MLFLOW_PORT", raising=False)
     assert tracking.version_url(ref) == f"http://127.0.0.1:5000/#/models/{name}/versions/1"
+    monkeypatch.setenv("MLFLOW_PORT", "5111")  # `make mlflow-ui MLFLOW_PORT=5111`, which the Makefile exports
+    assert tracking.version_url(ref) == f"http://127.0.0.1:5111/#/models/{name}/versions/1"
+    configured = tracking.model_copy(update={"ui_url": "https://mlflow.example.org/"})
+    assert configured.version_url(ref) == f"https://mlflow.example.org/#/models/{name}/versions/1"
 
 
 def test_failed_training_ends_its_run_failed_and_registers_nothing(tracking, tmp_path):
@@ -217,3 +237,49 @@ def test_failed_training_ends_its_run_failed_and_registers_nothing(tracking, tmp
     assert client.get_run(run.run_id).info.status == "FAILED"
     assert [m.value for m in client.get_metric_history(run.run_id, "train_loss")] == [0.9]
     assert tracking.versions(name) == []
+
+
+def test_training_runs_left_running_by_an_ended_dagster_run_are_ended_failed(tracking):
+    """A process killed mid-training (or a full disk that let no end be recorded) leaves its MLflow run RUNNING:
+    the next training of the model ends it, and only it."""
+    with tracking.training_run("covlab.demo.warmup", {}, {}):
+        pass  # the experiment exists
+    client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
+    experiment = client.get_experiment_by_name(tracking.experiment).experiment_id
+    name = "covlab.demo.orphaned"
+    left = {dagster_run: client.create_run(experiment, tags={"dagster.run_id": dagster_run}, run_name=model).info.run_id
+            for dagster_run, model in (("ended", name), ("running", name), ("other-model", "covlab.demo.other"))}
+    assert tracking.end_orphaned_runs(name, lambda dagster_run: dagster_run != "running") == [left["ended"]]
+    assert {k: client.get_run(v).info.status for k, v in left.items()} == {
+        "ended": "FAILED", "running": "RUNNING", "other-model": "RUNNING"}
+
+
+def _first_use(settings: dict, name: str, start) -> None:
+    tracking = TrackingResource(**settings)
+    start.wait()
+    assert tracking.versions(name) == []
+    tracking._experiment_id()
+
+
+@pytest.mark.slow
+def test_concurrent_first_use_creates_the_store_once(tmp_path):
+    """Four processes open a tracking store that does not exist yet, all at once (MLflow migrates a new SQLite
+    store without a lock between processes: most of them failed with "duplicate column name" or "table
+    already exists"): each succeeds, and the store ends at MLflow's newest schema with one version row."""
+    import multiprocessing
+    import sqlite3
+
+    database = tmp_path / "mlflow" / "mlflow.db"
+    settings = {"tracking_uri": f"sqlite:///{database}", "artifact_root": str(tmp_path / "artifacts")}
+    fork = multiprocessing.get_context("fork")
+    start = fork.Barrier(4)
+    workers = [fork.Process(target=_first_use, args=(settings, f"m{i}", start)) for i in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+    assert [worker.exitcode for worker in workers] == [0] * 4
+    with sqlite3.connect(database) as connection:
+        assert len(connection.execute("SELECT version_num FROM alembic_version").fetchall()) == 1
+    assert [e.name for e in MlflowClient(tracking_uri=settings["tracking_uri"]).search_experiments()
+            if e.name == "covlab"] == ["covlab"]

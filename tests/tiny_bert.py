@@ -36,3 +36,18 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def tiny_pipeline_config(model: str) -> dict:
+    """Every encoder replaced by the tiny model, one short epoch: the pipeline's wiring, not its accuracy."""
+    return {"ops": {
+        "subquestions": {"config": {"base_model": model}},
+        "coverage_estimator": {"config": {"base_model": model, "epochs": 1, "max_length": 96,
+                                          "negatives_per_positive": 1.0}},
+        "coverage_biencoder": {"config": {"base_model": model, "max_length": 96}},
+        "pool_scores": {"config": {"relevance_model": model, "max_length": 96}},
+        "item_embeddings": {"config": {"model": model, "max_length": 96}},
+        "lmvu_ranker": {"config": {"states_per_query": 4}},
+        "topic_metadata_bank": {"config": {"model": model, "max_length": 96}},
+        "mcompass_student": {"config": {"epochs": 2}},
+    }}

@@ -21,19 +21,24 @@ import numpy as np
 import pandas as pd
 from dagster import AssetKey, AssetRecordsFilter, AssetsDefinition, DagsterEventType, DagsterInstance, MetadataValue
 
-from covlab.assets.outputs import RUNTIME_METADATA, SOURCE_METADATA
+from covlab.resources.datasets import source_file_changes
 from covlab.resources.device import GPU_POOL
 from covlab.resources.io_manager import CONTENT_HASH, LOAD_RECORD, LOADED_VERSION
 from covlab.resources.llm import LLMUsage
+from covlab.resources.source import RUNTIME_METADATA, SOURCE_METADATA
+from covlab.resources.model_store import WEIGHTS_HASH, WEIGHTS_METADATA, weights_change
 
 POINTER = "dagster/input_event_pointer/"
+# The pointer Dagster records for an upstream asset that had no materialization at all when the step ran (a
+# dependency that passes no data, e.g. `deps=[...]`), with input data version "INITIAL".
+NEVER_MATERIALIZED = "NULL"
 # Provenance tags Dagster records on every materialization (its data-version bookkeeping): one home for the
-# audit, the staleness rule (automation.py) and reproduce.
+# audit and reproduce.
 CODE_VERSION_TAG, DATA_VERSION_TAG = "dagster/code_version", "dagster/data_version"
 INPUT_VERSION = "dagster/input_data_version/"  # + the upstream asset key, as a user string
 # Metadata entries that say what shaped a materialization (recorded by the assets).
 SHAPING = ("config", "settings", "format", "path", "source_files", "model_uri", "model_name", "model_version",
-           "mlflow_run_id", "llm", "prompt_version", SOURCE_METADATA, RUNTIME_METADATA)
+           "mlflow_run_id", WEIGHTS_METADATA, "llm", "prompt_version", SOURCE_METADATA, RUNTIME_METADATA)
 # Metadata entries of a report materialization (record_report_lineage): which of its inputs produced each
 # method's rows, {method: [asset key, ...]}, and the cost of the lineage of its inputs (Cost.to_dict()).
 METHOD_INPUTS = "method_inputs"
@@ -56,9 +61,10 @@ class LineageNode:
     step_key: str | None = None  # the step of run_id that materialized it (one step may materialize several)
     method_inputs: dict | None = None  # a report's METHOD_INPUTS
     llm_usage: dict | None = None  # what the step's LLM calls took (LLM_USAGE)
-    training: dict = field(default_factory=dict)  # epochs, pairs, groups of a trained asset (_training)
+    training: dict = field(default_factory=dict)  # a trained asset's TrainingSummary counts (_training)
     stale: str | None = None  # why the number may be out of date: a newer materialization of this asset
     gap: str | None = None  # a record that should exist and does not
+    changed: str | None = None  # the files it recorded differ on disk now (mark_changed: `covlab audit` only)
     repeated: bool = False  # already shown above (the graph is a DAG)
     inputs: list["LineageNode"] = field(default_factory=list)
 
@@ -90,24 +96,30 @@ def metadata_value(value):
     return str(raw)
 
 
+TRAINING = "training"  # metadata entry of a trained asset: what its training took (TrainingSummary)
+
+
+@dataclass(frozen=True)
+class TrainingSummary:
+    """What a trained asset's training took, as its materialization records it (TRAINING) and the cost of a
+    lineage sums it: the models trained (per fold and variant, each counts), the epochs run over all of them,
+    the training pairs and the contrastive training groups."""
+    models: int = 1
+    epochs: int = 0
+    pairs: int = 0
+    groups: int = 0
+
+    def to_dict(self) -> dict:
+        return {name: count for name, count in asdict(self).items() if count}
+
+
 def _training(metadata: Mapping) -> dict:
-    """What a trained asset recorded of its training (assets/coverage.py, budgeted.py, mcompass.py): epochs
-    run, one entry each in `history` (coverage estimator and bi-encoder) or `epoch_losses` (MCompassRAG
-    student); training pairs, `train_pairs` (estimator), `training_pairs` (student) or LMVU's
-    `evidence.pairs.train`; the bi-encoder's training `groups` (an anchor, a positive and negatives each)."""
-    def recorded(name: str):
-        return metadata_value(metadata[name]) if name in metadata else None
-
-    def count(value) -> int:
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    evidence = recorded("evidence")
-    lmvu_pairs = evidence.get("pairs") if isinstance(evidence, dict) else None
-    found = {"epochs": sum(len(v) for v in (recorded("history"), recorded("epoch_losses")) if isinstance(v, list)),
-             "pairs": count(recorded("train_pairs")) + count(recorded("training_pairs"))
-             + count(lmvu_pairs.get("train") if isinstance(lmvu_pairs, dict) else None),
-             "groups": count(recorded("groups"))}
-    return {name: n for name, n in found.items() if n}
+    """The TrainingSummary a trained asset recorded (TRAINING), its non-zero counts; {} for other assets."""
+    recorded = metadata_value(metadata[TRAINING]) if TRAINING in metadata else None
+    if not isinstance(recorded, dict):
+        return {}
+    return TrainingSummary(**{k: int(v) for k, v in recorded.items()
+                              if k in TrainingSummary.__dataclass_fields__}).to_dict()
 
 
 def materialization_by_id(instance: DagsterInstance, key: AssetKey, storage_id: int):
@@ -122,6 +134,32 @@ def latest_materialization(instance: DagsterInstance, key: AssetKey, partition: 
     records = instance.fetch_materializations(AssetRecordsFilter(
         asset_key=key, asset_partitions=[partition] if partition else None), limit=1).records
     return records[0] if records else None
+
+
+def recorded_entry(instance: DagsterInstance, key: AssetKey, partition: str | None, name: str):
+    """The `name` metadata entry of `key`'s latest materialization of `partition` (the value a step reads) as
+    plain JSON data, or None when there is no materialization or no such entry."""
+    record = latest_materialization(instance, key, partition)
+    entry = record.asset_materialization.metadata.get(name) if record else None
+    return None if entry is None else metadata_value(entry)
+
+
+def settings_mismatches(instance: DagsterInstance, keys: Iterable[AssetKey], partition: str | None,
+                        settings: Mapping) -> list[str]:
+    """The inputs among `keys` whose latest materialization of `partition` (the value a step reads) recorded
+    evaluation settings (its `settings` metadata) that differ from `settings` in a setting both name, each as
+    "<key> [<partition>] was made with <setting>=<value> (this run: <value>), ...". Inputs that record no
+    settings are not judged."""
+    found = []
+    for key in sorted(keys, key=lambda k: k.to_user_string()):
+        recorded = recorded_entry(instance, key, partition, "settings")
+        if not isinstance(recorded, dict):
+            continue
+        differ = [f"{name}={json.dumps(recorded[name])} (this run: {json.dumps(plain(value))})"
+                  for name, value in sorted(settings.items()) if name in recorded and recorded[name] != plain(value)]
+        if differ:
+            found.append(f"{key.to_user_string()} [{partition}] was made with {', '.join(differ)}")
+    return found
 
 
 class LineageWalker:
@@ -161,6 +199,8 @@ class LineageWalker:
         versions = {t[len(INPUT_VERSION):] for t in tags if t.startswith(INPUT_VERSION)}
         loads = self._loads(record)
         for upstream in sorted(versions | set(pointers) | set(loads)):
+            if upstream not in loads and pointers.get(upstream) == NEVER_MATERIALIZED:
+                continue  # a dependency without data, never materialized before this step ran: nothing was read
             if upstream in loads:
                 node.inputs.append(self._loaded_input(upstream, loads[upstream], partition))
             else:
@@ -263,9 +303,42 @@ def audit_inputs(instance: DagsterInstance, keys: list[AssetKey], partition: str
     return nodes
 
 
+def disk_changes(node: LineageNode) -> list[str]:
+    """What differs between the files a materialization recorded and those on disk now, one line each: its
+    dataset source files (ingest: `path` and `source_files`, each against its SHA-256) and its model weights
+    (`weights`: the local folder against the content hash registered). Reads and hashes those files."""
+    shaped = node.shaped_by
+    files, weights = shaped.get("source_files"), shaped.get(WEIGHTS_METADATA)
+    changes = []
+    if isinstance(files, dict) and isinstance(shaped.get("path"), str):
+        changes += source_file_changes(shaped["path"], files)
+    if isinstance(weights, dict) and weights.get("path") and weights.get(WEIGHTS_HASH):
+        change = weights_change(weights["path"], weights[WEIGHTS_HASH])
+        changes += [change] if change else []
+    return changes
+
+
+def mark_changed(roots: Iterable[LineageNode]) -> None:
+    """Set `changed` on every node (each occurrence) of the trees `roots` whose recorded files differ on disk now
+    (disk_changes): a dataset file edited since ingest, weights rewritten since registration. Each distinct set of
+    files is hashed once."""
+    found: dict[str, list[str]] = {}
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        stack.extend(node.inputs)
+        files = json.dumps([node.shaped_by.get(k) for k in ("path", "source_files", WEIGHTS_METADATA)],
+                           sort_keys=True, default=str)
+        if files not in found:
+            found[files] = disk_changes(node)
+        if found[files]:
+            node.changed = "; ".join(found[files][:3]) + (f" (and {len(found[files]) - 3} more)"
+                                                          if len(found[files]) > 3 else "")
+
+
 def _flags(node: LineageNode) -> str:
     return "".join([f"  STALE ({node.stale})" if node.stale else "", f"  GAP ({node.gap})" if node.gap else "",
-                    "  (shown above)" if node.repeated else ""])
+                    f"  CHANGED ({node.changed})" if node.changed else "", "  (shown above)" if node.repeated else ""])
 
 
 def _name(node: LineageNode) -> str:
@@ -303,12 +376,14 @@ def render_text(nodes: list[LineageNode]) -> str:
     return "\n".join(lines)
 
 
-def render_json(nodes: list[LineageNode]) -> str:
-    return json.dumps([n.to_dict() for n in nodes], indent=2, sort_keys=True, default=str)
-
-
 # Metadata entry by which a report materialization names its rows in the results store.
 REPORT_ID = "results_store_report_id"
+
+
+def report_id_entry(materialization_id: int) -> MetadataValue:
+    """The REPORT_ID entry of a report's materialization: text, not a number, so that the UI's Plots tab does not
+    chart an id as if it were a figure."""
+    return MetadataValue.text(str(materialization_id))
 
 
 def confirm_reports(instance: DagsterInstance, results) -> list[int]:
@@ -320,7 +395,7 @@ def confirm_reports(instance: DagsterInstance, results) -> list[int]:
         found = _materialization_in_run(instance, AssetKey.from_user_string(record.report_asset),
                                         record.partition, record.run_id)
         stored = found.asset_materialization.metadata.get(REPORT_ID) if found is not None else None
-        if stored is not None and metadata_value(stored) == materialization_id:
+        if stored is not None and str(metadata_value(stored)) == str(materialization_id):
             results.confirm(materialization_id)
             confirmed.append(materialization_id)
     return confirmed
@@ -329,7 +404,8 @@ def confirm_reports(instance: DagsterInstance, results) -> list[int]:
 def audit_figures(instance: DagsterInstance, figures) -> list[dict]:
     """For stored report figures (a results-store frame), one audit per report materialization that
     produced them, in the frame's order: {"figures": [...] (plain values, None where missing), "lineage":
-    LineageNode, "branch": report_branch(lineage, the figures' methods)}."""
+    LineageNode (files changed on disk marked: mark_changed), "branch": report_branch(lineage, the figures'
+    methods)}."""
     audits: dict[tuple, dict] = {}
     for row in figures.itertuples(index=False):
         source = (row.run_id, row.report_asset, row.partition)
@@ -340,6 +416,7 @@ def audit_figures(instance: DagsterInstance, figures) -> list[dict]:
                                           if k in ("dataset", "method", "budget", "k", "split", "metric",
                                                    "query_id", "value", "materialization_id")})
     for audit in audits.values():
+        mark_changed([audit["lineage"]])
         audit["branch"] = report_branch(audit["lineage"], {f["method"] for f in audit["figures"]})
     return list(audits.values())
 
@@ -420,12 +497,24 @@ def off_branch(root: LineageNode, lineage: Sequence[LineageNode]) -> list[Lineag
     return [node for node in unique_nodes(lineage) if _identity(node) not in reached]
 
 
-def _asset_definitions(assets: Sequence | None) -> dict[str, AssetsDefinition]:
-    """{asset key: its AssetsDefinition} of `assets` (None: covlab's Definitions, orchestration/definitions.py)."""
-    if assets is None:
-        from covlab.orchestration.definitions import ASSETS  # here: the assets import this module
+# The asset definitions of the code location this process serves (orchestration/definitions.py registers
+# them when it builds its Definitions): where a running report reads each lineage node's config defaults and
+# pool. A report cannot import the definitions that import it, so the code location hands them down.
+_CODE_LOCATION_ASSETS: list = []
 
-        assets = ASSETS
+
+def use_code_location_assets(assets: Iterable) -> None:
+    """Name the asset definitions of this process's code location (see _CODE_LOCATION_ASSETS)."""
+    _CODE_LOCATION_ASSETS[:] = list(assets)
+
+
+def code_location_assets() -> list:
+    """The asset definitions `use_code_location_assets` named (empty before: no defaults or pools known)."""
+    return list(_CODE_LOCATION_ASSETS)
+
+
+def _asset_definitions(assets: Iterable) -> dict[str, AssetsDefinition]:
+    """{asset key: its AssetsDefinition} of `assets` (the definitions of a code location)."""
     return {key.to_user_string(): a for a in assets if isinstance(a, AssetsDefinition) for key in a.keys}
 
 
@@ -459,13 +548,15 @@ def _line(node: LineageNode, gap: str | None, definition: AssetsDefinition | Non
         parts.append("STALE")
     if gap:
         parts.append(f"GAP ({gap})")
+    if node.changed:
+        parts.append(f"CHANGED ({node.changed})")
     return " ".join(parts)
 
 
-def render_branch(root: LineageNode, lineage: Sequence[LineageNode], assets: Sequence | None = None) -> str:
+def render_branch(root: LineageNode, lineage: Sequence[LineageNode], assets: Iterable) -> str:
     """`root`'s tree one line per node (_line), each node printed once: where the DAG reaches a node again it
     is left out. Inputs come from `lineage`, the trees `root` belongs to or was cut from (report_branch);
-    config defaults from `assets` (None: covlab's Definitions)."""
+    config defaults from the asset definitions `assets`."""
     index, definitions = _Index(lineage), _asset_definitions(assets)
     lines: list[str] = []
 
@@ -536,7 +627,7 @@ class Cost:
     scope: str  # a key of SCOPES
     steps: list[StepCost]
     llm: dict  # LLMUsage's counters summed, and llm_steps_without_usage (recorded an LLM, not its usage)
-    training: dict  # epochs, pairs, groups summed over the trained assets (LineageNode.training)
+    training: dict  # the TrainingSummary counts summed over the trained assets (LineageNode.training)
 
     @property
     def seconds(self) -> float:
@@ -558,11 +649,11 @@ class Cost:
         lines = [f"cost of {SCOPES[self.scope]}: {self.seconds:.1f} s wall in {len(self.steps)} steps of {runs} "
                  f"run{'s' if runs != 1 else ''}, {self.gpu_seconds:.1f} s of it on the {GPU_POOL} pool"
                  + (f" ({untimed} steps without timing in the event log)" if untimed else "")]
-        training = ", ".join(f"{self.training[name]:,} {name}" for name in ("epochs", "pairs", "groups")
+        training = ", ".join(f"{self.training[name]:,} {name}" for name in TrainingSummary.__dataclass_fields__
                              if name in self.training) or "none"
         lines.append(f"  LLM: {self._llm_text()}; training: {training}")
         per_step = [f"{step.step_key} " + (f"{step.seconds:.1f} s" if step.seconds is not None else "? s")
-                    + (f" ({step.pool})" if step.pool else "")
+                    + (f" ({step.pool} pool)" if step.pool else "")  # the pool, not the device it ran on
                     for step in sorted(self.steps, key=lambda s: -(s.seconds or 0.0))]
         return "\n".join(lines + _wrap_items("  per step: ", per_step))
 
@@ -579,12 +670,12 @@ class Cost:
         return " and ".join(parts) or "no calls"
 
 
-def lineage_cost(instance: DagsterInstance, nodes: Iterable[LineageNode], scope: str = "lineage",
-                 assets: Sequence | None = None, clock: StepClock | None = None) -> Cost:
+def lineage_cost(instance: DagsterInstance, nodes: Iterable[LineageNode], assets: Iterable, scope: str = "lineage",
+                 clock: StepClock | None = None) -> Cost:
     """The cost of the materializations among `nodes` (each counted once; gaps cost nothing): wall seconds
     per step, a step that materialized several of them (a multi-asset) counted once per (run, step); the
-    pool of each step from its asset's definition in `assets` (None: covlab's Definitions); the LLM usage and
-    training the nodes recorded. `clock` caches event-log reads across calls."""
+    pool of each step from its asset's definition in `assets`; the LLM usage and training the nodes recorded.
+    `clock` caches event-log reads across calls."""
     definitions, clock = _asset_definitions(assets), clock or StepClock(instance)
     steps: dict[tuple[str, str], StepCost] = {}
     llm = {**asdict(LLMUsage()), "llm_steps_without_usage": 0}
@@ -617,7 +708,7 @@ def record_report_lineage(context, method_inputs: Mapping[str, Sequence[AssetKey
     audit follows only its method's), and the cost of that lineage (COST, scope "inputs": the report's own
     step is still running). Call it before the report yields its output."""
     nodes = audit_inputs(context.instance, sorted(context.assets_def.dependency_keys), context.partition_key)
-    cost = lineage_cost(context.instance, unique_nodes(nodes), scope="inputs")
+    cost = lineage_cost(context.instance, unique_nodes(nodes), code_location_assets(), scope="inputs")
     context.add_output_metadata({
         METHOD_INPUTS: MetadataValue.json({method: sorted(key.to_user_string() for key in keys)
                                            for method, keys in sorted(method_inputs.items())}),
@@ -627,14 +718,15 @@ def record_report_lineage(context, method_inputs: Mapping[str, Sequence[AssetKey
 
 
 def report_lineage_markdown(report: AssetKey, partition: str | None, nodes: Sequence[LineageNode],
-                            method_inputs: Mapping[str, Sequence[AssetKey]]) -> str:
+                            method_inputs: Mapping[str, Sequence[AssetKey]], assets: Iterable) -> str:
     """What a running report shows of its lineage (Markdown, short enough for the UI): the lineage of its
     inputs (`nodes`, record_report_lineage) as one tree, each node once (render_branch), then each method's
     branch (report_branch): the inputs that produced its rows, how many nodes the branch holds and how many
     of them are STALE or GAP. `covlab audit` prints one branch in full."""
     recorded = {method: sorted(key.to_user_string() for key in keys) for method, keys in sorted(method_inputs.items())}
     root = LineageNode(report.to_user_string(), partition, None, method_inputs=recorded, inputs=list(nodes))
-    lines = ["```", render_branch(root, [root]), "```", "", "Branch per method (`covlab audit` prints one):", ""]
+    lines = ["```", render_branch(root, [root], assets), "```", "", "Branch per method (`covlab audit` prints one):",
+             ""]
     for method, inputs in recorded.items():
         on_branch = branch_nodes(report_branch(root, [method]), [root])[1:]  # [0] is the report itself
         flagged = sum(bool(node.stale or node.gap) for node in on_branch)

@@ -1,0 +1,88 @@
+"""The one epilogue of every report asset (`publish_report`): its tables as CSV artifacts, its figures in the
+results store, the lineage of its inputs recorded and shown, and its per-query table returned as the
+asset's value with the metadata every report carries. A report asset computes its tables in models/ and
+publishes them here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pandas as pd
+from dagster import AssetExecutionContext, AssetKey, Failure, MetadataValue, Output
+
+from covlab.assets.outputs import content_output
+from covlab.assets.presentation import table_value
+from covlab.models.leaderboard import answers
+from covlab.models.plots import figure_entries, leaderboard_chart, markdown_image
+from covlab.models.schemas import LEADERBOARD
+from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.io_manager import atomic_write
+from covlab.resources.lineage import (REPORT_ID, code_location_assets, record_report_lineage, report_id_entry,
+                                      report_lineage_markdown, settings_mismatches)
+from covlab.resources.results_store import ReportRecord, ResultsStore
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What a report publishes: `per_query` (its value: one row per method, query and metric), the `tables`
+    written as `<name>.csv` under the report's artifact folder, `stored` (the results store's rows:
+    models/report.report_figures of the per-query rows), `charted` (the rows whose means become the Plots
+    tab's numbers, with the `charted_metrics` among them; None: every metric), which inputs produced each
+    method's rows (`method_inputs`, what a figure's audit follows), and the report's own metadata entries."""
+    per_query: pd.DataFrame
+    tables: Mapping[str, pd.DataFrame]
+    stored: pd.DataFrame
+    method_inputs: Mapping[str, Sequence[AssetKey]]
+    charted: pd.DataFrame
+    charted_metrics: Sequence[str] | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+def require_same_settings(context: AssetExecutionContext, evaluation: EvaluationResource) -> None:
+    """Refuse (a Failure naming each input and setting) to report on inputs made under other evaluation
+    settings than this run's: a report would otherwise mix selections made at other budgets, splits or
+    thresholds and say its own settings were theirs."""
+    mismatches = settings_mismatches(context.instance, context.assets_def.dependency_keys, context.partition_key,
+                                     evaluation.model_dump())
+    if mismatches:
+        raise Failure(f"{context.asset_key.to_user_string()} reads inputs made under other evaluation settings "
+                      f"than its own: {'; '.join(mismatches)}. Re-materialize them with this run's evaluation "
+                      "resource, or run the report with theirs.")
+
+
+def leaderboard_entries(table: pd.DataFrame, baseline: str) -> dict:
+    """The metadata entries a report leads with (models/leaderboard.py): the answer per budget in a line each,
+    the leaderboard as a table with its declared columns, and its figure."""
+    return {"answer": MetadataValue.md("\n".join(f"- {line}" for line in answers(table))),
+            "leaderboard": table_value(LEADERBOARD, table),
+            "leaderboard_figure": MetadataValue.md(markdown_image(leaderboard_chart(table, baseline),
+                                                                  "difference to the baseline per budget"))}
+
+
+def publish_report(context: AssetExecutionContext, publication: Publication, *, code_version: str, config: dict,
+                   evaluation: EvaluationResource, results: ResultsStore, artifacts: ArtifactStore) -> Output:
+    """Write the tables (each atomically), the results-store record (last of the writes: a report whose run
+    dies before its materialization is recorded stays pending and is never cited), the lineage of the inputs
+    (resources/lineage.record_report_lineage), and return the per-query table with the report's metadata plus
+    the entries every report carries: artifacts folder, results-store id, lineage, config and settings, and
+    the means of the charted rows."""
+    partition = context.partition_key
+    report = context.asset_key.to_user_string()
+    folder = artifacts.directory(report, partition, context.run_id)
+    for name, frame in publication.tables.items():
+        atomic_write(folder / f"{name}.csv", lambda tmp, f=frame: f.to_csv(tmp))
+    lineage = record_report_lineage(context, publication.method_inputs)
+    stored = results.write_report(ReportRecord(
+        dataset=partition, report_asset=report, partition=partition, run_id=context.run_id,
+        code_version=code_version, data_version=None, config={**config, "evaluation": evaluation.model_dump()}),
+        publication.stored)
+    lineage_md = report_lineage_markdown(context.asset_key, partition, lineage, publication.method_inputs,
+                                         code_location_assets())
+    charted = figure_entries(publication.charted, publication.charted_metrics)
+    return content_output(publication.per_query, metadata={
+        **publication.metadata, "artifacts": MetadataValue.path(str(folder)), REPORT_ID: report_id_entry(stored),
+        "lineage": MetadataValue.md(lineage_md), "config": MetadataValue.json(config),
+        "settings": MetadataValue.json(evaluation.model_dump()),
+        **{name: MetadataValue.float(value) for name, value in charted.items()}})

@@ -1,0 +1,128 @@
+"""The whole documented long-document run, timed: in a fresh COVLAB_HOME, exactly the README's commands
+("Long-document profile"): generate `longdoc --profile <profile>`, add it, then
+
+    covlab materialize --dataset longdoc --config configs/longdoc.yaml
+
+and from the run's event log each step's wall time (Dagster's step stats) with the peak RSS the heavy
+steps record themselves (`peak_rss_mib`), and the whole process's peak RSS (getrusage of the child).
+Targets: the whole partition in 30 min or less on 2 cores and a peak under 6 GB. With `--device cuda` the
+run's `device` resource is forced to the GPU (everything else the same).
+
+    .venv/bin/python bench/longdoc_run.py [--profile full] [--device auto|cpu|cuda] [--keep-home DIR]
+
+Prints one table, slowest steps first, and writes bench/results/longdoc_run[_<device>].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "longdoc.yaml"
+TARGET_SECONDS, TARGET_PEAK_MIB = 30 * 60, 6 * 1024
+
+
+def covlab(args: list[str], env: dict) -> None:
+    """One README command (the installed `covlab` entry point), its output passed through."""
+    done = subprocess.run([str(Path(sys.executable).with_name("covlab")), *args], cwd=ROOT, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"`covlab {' '.join(args)}` failed with exit status {done.returncode}")
+
+
+def run_config(device: str, folder: Path) -> Path:
+    """configs/longdoc.yaml as documented, with the device resource forced when asked."""
+    if device == "auto":
+        return CONFIG
+    config = yaml.safe_load(CONFIG.read_text())
+    config.setdefault("resources", {})["device"] = {"config": {"device": device}}
+    path = folder / "longdoc.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def step_table(env: dict) -> tuple[list[dict], float]:
+    """Per step of the home's runs (all of them this bench's): wall seconds and self-recorded peak RSS; and
+    the runs' wall seconds together."""
+    os.environ.update({k: env[k] for k in ("COVLAB_HOME", "DAGSTER_HOME")})
+    from dagster import DagsterInstance
+
+    from covlab.orchestration.settings import dagster_home
+
+    dagster_home()
+    instance = DagsterInstance.get()
+    rows, seconds = [], 0.0
+    for run in instance.get_runs(ascending=True):
+        stats = instance.get_run_stats(run.run_id)
+        seconds += (stats.end_time or 0) - (stats.start_time or 0)
+        peaks = {}
+        for record in instance.get_records_for_run(run.run_id, of_type=_materialization()).records:
+            event = record.event_log_entry
+            metadata = event.dagster_event.event_specific_data.materialization.metadata
+            if "peak_rss_mib" in metadata:
+                peaks[event.step_key] = float(metadata["peak_rss_mib"].value)
+        rows += [{"step": s.step_key, "seconds": round(s.end_time - s.start_time, 1),
+                  "peak_rss_mib": peaks.get(s.step_key)}
+                 for s in instance.get_run_step_stats(run.run_id) if s.start_time and s.end_time]
+    return sorted(rows, key=lambda r: -r["seconds"]), round(seconds, 1)
+
+
+def _materialization():
+    from dagster import DagsterEventType
+
+    return DagsterEventType.ASSET_MATERIALIZATION
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="full", choices=["small", "full"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--keep-home", type=Path, help="use (and keep) this COVLAB_HOME instead of a temporary one")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    home = args.keep_home or Path(tempfile.mkdtemp(prefix="covlab-bench-longdoc-"))
+    if home.exists() and any(home.iterdir()):
+        raise SystemExit(f"{home} is not empty: the bench runs in a fresh home")
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
+    env.update(COVLAB_HOME=str(home), DAGSTER_HOME=str(home / "dagster"), HF_HUB_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    data = home / "data" / f"longdoc-{args.profile}"
+    started = time.perf_counter()
+    covlab(["dataset", "generate", "longdoc", "--profile", args.profile, "--out", str(data)], env)
+    covlab(["dataset", "add", "longdoc", "--format", "covlab", "--path", str(data)], env)
+    covlab(["materialize", "--dataset", "longdoc", "--config", str(run_config(args.device, home))], env)
+    wall = round(time.perf_counter() - started, 1)
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
+    rows, run_seconds = step_table(env)
+
+    print(f"\nlongdoc --profile {args.profile}, device {args.device}, {os.cpu_count()} CPUs")
+    print(f"{'step':<40} {'seconds':>9} {'share':>6} {'peak RSS MiB':>13}")
+    for row in rows:
+        peak = f"{row['peak_rss_mib']:.0f}" if row["peak_rss_mib"] is not None else "-"
+        print(f"{row['step']:<40} {row['seconds']:>9.1f} {row['seconds'] / run_seconds:>6.1%} {peak:>13}")
+    print(f"{'materialize run':<40} {run_seconds:>9.1f}")
+    print(f"{'all three commands':<40} {wall:>9.1f}   process peak RSS {peak_mib:.0f} MiB")
+    verdict = {"within_30_min": run_seconds <= TARGET_SECONDS, "peak_under_6_gb": peak_mib < TARGET_PEAK_MIB}
+    print("targets: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in verdict.items()))
+    output = args.output or ROOT / "bench" / "results" / (
+        "longdoc_run.json" if args.device == "auto" else f"longdoc_run_{args.device}.json")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"profile": args.profile, "device": args.device, "cpus": os.cpu_count(),
+                                  "run_seconds": run_seconds, "commands_seconds": wall,
+                                  "process_peak_rss_mib": round(peak_mib, 1), "targets": verdict, "steps": rows},
+                                 indent=2))
+    print(f"written {output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""Reading the MLflow model registry, without Dagster: the registered versions of covlab's trained selectors,
+their aliases and figures, and their weights downloaded and verified against the content hash recorded at
+registration. The pipeline's TrackingResource (resources/tracking.py) and the serving path (serving/) read the
+registry through `ModelStore`, and a trained asset's value is a `TrainedModel` around its `RegisteredModel`.
+
+Every call goes through an MlflowClient with explicit tracking and registry URIs; no mlflow global is read or
+changed. MLflow creates and migrates a SQLite store on first use without a lock between processes, so that
+first use holds a file lock beside each SQLite database.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from covlab.models.versions import directory_hash
+from covlab.resources.sqlite import ensure_sqlite_folder, sqlite_file
+
+# Tag of every registered version: the weights' directory_hash, which `download` verifies.
+CONTENT_HASH_TAG = "covlab.content_hash"
+# Version tags model_promotions writes (assets/promotions.py) and the serving path reads: the figure that decided
+# the version's promotion ({report, results_store_report_id, dataset, method, metric, split, value}), and, on the
+# coverage estimator, per selection method on its matrix the decision each budget took
+# ({"k=10": {"blend_weight": w, "fell_back": false}, ...}).
+PROMOTED_BY_TAG = "covlab.promoted_by"
+SELECTION_TAG_PREFIX = "covlab.selection."
+# A registered version serves as an MLflow pyfunc through this loader module (serving/pyfunc.py); a request's
+# columns are the signature's inputs, an answer's its outputs (`serving_signature`).
+SERVING_LOADER = "covlab.serving.pyfunc"
+REQUEST_COLUMNS = ("query", "candidates", "budget_tokens", "k")
+ANSWER_COLUMNS = ("ids", "tokens", "selection")
+# Key of a registered model's asset value (assets/model_registry.py) holding that hash, and the metadata entry
+# of a trained asset that records its local weights folder ({"path": ..., WEIGHTS_HASH: ...}).
+WEIGHTS_HASH, WEIGHTS_METADATA = "content_hash", "weights"
+# What `TrainingRun.register` writes beside the weights (MLflow's model metadata and input example).
+MLMODEL_FILE, INPUT_EXAMPLE_FILE = "MLmodel", "input_example.json"
+# What MLflow itself writes beside a version's files: the two above, and the registered-model note its pyfunc
+# loader leaves in a local artifact folder (`mlflow.pyfunc.load_model("models:/...")`). None of it is weights.
+MLFLOW_FILES = (MLMODEL_FILE, INPUT_EXAMPLE_FILE, "registered_model_meta")
+
+
+class WeightsChanged(RuntimeError):
+    """A registered model's weights are not the bytes registered: their content hash differs from the recorded one."""
+
+
+def weights_change(path: str | Path, content_hash: str) -> str | None:
+    """Why the weights folder at `path` is not the one registered with `content_hash` (its `directory_hash`
+    differs); None when it is, or when the folder is absent (a load downloads it again, verified)."""
+    if not Path(path).is_dir():
+        return None
+    found = directory_hash(path)
+    if found == content_hash:
+        return None
+    return f"the weights at {path} have content hash {found}, not the {content_hash} recorded at registration"
+
+
+@dataclass(frozen=True)
+class ModelVersionRef:
+    """One registered model version; `uri` is what mlflow loaders and the asset metadata use."""
+
+    name: str
+    version: int
+    uri: str
+    run_id: str | None
+    source: str
+    tags: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    aliases: tuple[str, ...] = field(default=(), compare=False)
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    """A trained selector's registered MLflow version and the local copy of its files, as a trained asset's
+    value names it: `content_hash` is the files' directory_hash (models/versions.py), what the value's data
+    version stands for."""
+    name: str
+    version: int
+    uri: str
+    mlflow_run_id: str
+    source: str
+    path: str
+    content_hash: str
+
+    def ref(self) -> ModelVersionRef:
+        return ModelVersionRef(name=self.name, version=int(self.version), uri=self.uri, run_id=self.mlflow_run_id,
+                               source=self.source)
+
+
+MODEL_FIELDS = tuple(f.name for f in fields(RegisteredModel))
+# The record key that marks a stored JSON record as a TrainedModel (resources/io_manager.py reads it back as one),
+# and a trained value's other keys beside the model's fields and its figures.
+RECORD_TYPE, TRAINED_MODEL = "record_type", "trained_model"
+TRAINED_MODEL_KEYS = (RECORD_TYPE, "settings", "protocol")
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """The value of a trained-selector asset: its registered model, the figures its training measured on
+    held-out data (what its gate and its promotion read: `figure`), the settings it was trained with and the
+    evaluation protocol it was trained under. Stored as one flat JSON record (`to_record`: the model's fields
+    beside the figures), so that its content version leaves out where the model lives (models/versions.py)."""
+    model: RegisteredModel
+    figures: Mapping[str, float] = field(default_factory=dict)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    protocol: str = "split"
+
+    def figure(self, name: str) -> float:
+        """A figure the training recorded; a KeyError saying to re-materialize a value stored before it did."""
+        if name not in self.figures:
+            raise KeyError(f"{self.model.name} v{self.model.version} recorded no {name!r} (it records "
+                           f"{sorted(self.figures)}): it was stored before its asset recorded that figure; "
+                           "re-materialize it")
+        return float(self.figures[name])
+
+    def to_record(self) -> dict:
+        return {RECORD_TYPE: TRAINED_MODEL, **asdict(self.model), **self.figures, "settings": dict(self.settings),
+                "protocol": self.protocol}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> "TrainedModel":
+        """The value `to_record` wrote; a ValueError naming the fields a record lacks."""
+        missing = [name for name in MODEL_FIELDS if name not in record]
+        if missing:
+            raise ValueError(f"not a trained model record: missing {missing} (has {sorted(record)})")
+        figures = {k: v for k, v in record.items() if k not in MODEL_FIELDS and k not in TRAINED_MODEL_KEYS}
+        return cls(RegisteredModel(**{name: record[name] for name in MODEL_FIELDS}), figures,
+                   dict(record.get("settings") or {}), str(record.get("protocol") or "split"))
+
+
+class ModelStore:
+    """The model registry at `tracking_uri` (and `registry_uri`, default the same): versions, aliases, run
+    metrics, verified downloads. The client and its stores open on first use."""
+
+    def __init__(self, tracking_uri: str, registry_uri: str | None = None, lock_timeout_s: float = 300.0):
+        self.tracking_uri, self.registry_uri = tracking_uri, registry_uri or tracking_uri
+        self.lock_timeout_s = lock_timeout_s
+        self._mlflow_client = None
+
+    def client(self):
+        """The MlflowClient, its stores opened on first call. MLflow creates and migrates a SQLite database
+        on first use without a lock between processes (several at once leave it half-migrated), so that
+        first use holds a file lock beside each SQLite database."""
+        if self._mlflow_client is None:
+            from filelock import FileLock
+            from mlflow import MlflowClient
+
+            uris = (self.tracking_uri, self.registry_uri)
+            for uri in uris:
+                ensure_sqlite_folder(uri)
+            with ExitStack() as locks:
+                for database in sorted({sqlite_file(uri) for uri in uris} - {None}):
+                    locks.enter_context(FileLock(f"{database}.lock", timeout=self.lock_timeout_s))
+                client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+                client.search_experiments(max_results=1)  # opens (creates, migrates) the tracking store
+                client.search_registered_models(max_results=1)  # and the registry store
+            self._mlflow_client = client
+        return self._mlflow_client
+
+    def aliases(self, name: str) -> dict[str, int] | None:
+        """alias -> version of a registered model; None when `name` is not registered."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            model = self.client().get_registered_model(name)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        return {alias: int(version) for alias, version in model.aliases.items()}
+
+    def version_for_alias(self, name: str, alias: str) -> ModelVersionRef | None:
+        """The version `alias` points at, or None when the model or the alias does not exist."""
+        aliases = self.aliases(name)
+        if aliases is None or alias not in aliases:
+            return None
+        version = self.client().get_model_version(name, str(aliases[alias]))
+        return version_ref(version, aliases_of(aliases, int(version.version)))
+
+    def versions(self, name: str) -> list[ModelVersionRef]:
+        """Every version of `name` with its tags and aliases, oldest first; [] when it is not registered."""
+        aliases = self.aliases(name)
+        if aliases is None:
+            return []
+        client, found, token = self.client(), [], None
+        while True:
+            page = client.search_model_versions(f"name = '{name}'", page_token=token)
+            found.extend(page)
+            token = page.token
+            if not token:
+                break
+        return sorted((version_ref(v, aliases_of(aliases, int(v.version))) for v in found), key=lambda r: r.version)
+
+    def download(self, ref: ModelVersionRef, dst: Path | None = None, content_hash: str | None = None,
+                 artifact_path: str = "weights") -> Path:
+        """The version's weights directory, files byte-identical to those logged, at `dst` (absent or empty)
+        or in a new temporary folder. Downloaded beside the target, verified against `content_hash` (default:
+        the version's CONTENT_HASH_TAG, when it has one) and only then renamed into place: weights that differ
+        raise WeightsChanged naming both hashes and are not kept."""
+        import mlflow.artifacts
+
+        if dst is None:
+            dst = Path(tempfile.mkdtemp(prefix=f"covlab-{ref.name}-v{ref.version}-")) / artifact_path
+        target = Path(dst)
+        if target.exists() and any(target.iterdir()):
+            raise FileExistsError(f"{target}: not empty; expected an absent or empty folder for the weights "
+                                  f"of {ref.uri}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as work:
+            local = mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=work,
+                                                        tracking_uri=self.tracking_uri,
+                                                        registry_uri=self.registry_uri)
+            if target.exists():
+                target.rmdir()
+            for added in MLFLOW_FILES:  # MLflow's metadata, not the weights
+                Path(local, added).unlink(missing_ok=True)
+            expected = content_hash or ref.tags.get(CONTENT_HASH_TAG)
+            if expected is not None and directory_hash(local) != expected:
+                raise WeightsChanged(f"{ref.uri}: the weights downloaded from {ref.source} have content hash "
+                                 f"{directory_hash(local)}, not the {expected} recorded at registration; the "
+                                 "MLflow artifacts were changed after registration, so they were not kept")
+            os.replace(local, target)
+        return target
+
+    def metric(self, ref: ModelVersionRef, key: str) -> float:
+        """The last logged value of metric `key` of the run that produced `ref` (champion/candidate
+        comparison); KeyError naming the logged metrics when it is absent."""
+        if ref.run_id is None:
+            raise KeyError(f"{ref.uri} has no MLflow run, so no metric {key!r}")
+        logged = self.client().get_run(ref.run_id).data.metrics
+        if key not in logged:
+            raise KeyError(f"{ref.uri} (run {ref.run_id}) has no metric {key!r}; logged: {sorted(logged)}")
+        return float(logged[key])
+
+
+def aliases_of(aliases: dict[str, int], version: int) -> tuple[str, ...]:
+    return tuple(sorted(alias for alias, target in aliases.items() if target == version))
+
+
+def version_ref(version, aliases: tuple[str, ...]) -> ModelVersionRef:
+    return ModelVersionRef(name=version.name, version=int(version.version),
+                           uri=f"models:/{version.name}/{version.version}", run_id=version.run_id or None,
+                           source=version.source, tags=dict(version.tags), aliases=aliases)
+
+
+def serving_signature():
+    """The model signature of every serving version: a request (query, candidates, budget_tokens or k) in, the
+    answer (chosen ids, their tokens, the whole selection as JSON) out, the blend weight an optional parameter."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, DataType, ParamSchema, ParamSpec, Schema
+
+    inputs = Schema([ColSpec(DataType.string, "query"), ColSpec(Array(DataType.string), "candidates"),
+                     ColSpec(DataType.long, "budget_tokens", required=False),
+                     ColSpec(DataType.long, "k", required=False)])
+    outputs = Schema([ColSpec(Array(DataType.string), "ids"), ColSpec(DataType.long, "tokens"),
+                      ColSpec(DataType.string, "selection")])
+    return ModelSignature(inputs=inputs, outputs=outputs,
+                          params=ParamSchema([ParamSpec("blend_weight", DataType.double, None)]))

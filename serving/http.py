@@ -1,0 +1,496 @@
+"""`covlab serve`: the selectors of covlab.serving over HTTP (FastAPI, run by uvicorn, bound to 127.0.0.1 unless
+told otherwise). The same `ContextSelector.select` answers, as JSON:
+
+    POST /v1/select    {query, candidates, budget: {tokens | k}, method, dataset?, query_embedding?,
+                        subquestions?, blend_weight?} -> the ServedSelection (chosen items in order, the tokens
+                        they take, why each is in or out, the model versions behind it, the candidates the
+                        encoder read only the beginning of)
+    POST /v1/retrieve  501: covlab.serving has no whole-corpus (MCompassRAG) retriever
+    GET  /v1/methods   what is loaded: each method's model versions, the alias they were loaded by, the figure
+                       that promoted each, when the current version was switched in
+    GET  /healthz      liveness
+    GET  /docs         the OpenAPI documentation (FastAPI's)
+
+A candidate is a text (its id is then its position) or an {id, text, embedding?, atoms?, metadata?} record.
+A bad field answers 422 naming it (pydantic), a request the selector refuses 400 with its ServingError, an
+unknown method 400 listing the served ones, a body over the limit 413 with the limit.
+
+The service follows the registry: a poller thread asks, every `poll_seconds`, which version the alias of each
+loaded trained model points at; when it moved, the method's new selector is loaded on the poller's thread and
+swapped in by one reference assignment under a lock, so a request reads one selector from start to end (those
+in flight finish on the old one) and none waits for a load. Secrets (environment variables named like secrets,
+the tracking URI's credentials) are redacted from every log line, error answer and /v1/methods.
+"""
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from covlab.models.registry import METHOD
+from covlab.models.selectors import Budget
+from covlab.resources.model_store import ModelStore
+from covlab.resources.secrets import environment_secrets, redact, url_secrets
+from covlab.serving.selector import (SERVABLE, ContextSelector, ServedSelection, ServingError, load_selector,
+                                     model_store, needed_models)
+
+DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
+DEFAULT_POLL_SECONDS = 30.0
+_LOG = logging.getLogger("covlab.serve")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold: its body's bytes, its candidates, the characters of one text (the query or a
+    candidate's). A text the encoder reads only the beginning of is served, and named in the answer's
+    `over_encoder_limit`; one over `max_text_chars` is refused."""
+    max_body_bytes: int = 8 * 2**20
+    max_candidates: int = 1_000
+    max_text_chars: int = 20_000
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive whole number, got {value!r}")
+
+
+def utc(timestamp: float | None) -> str | None:
+    return None if timestamp is None else datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class LoadedSelector:
+    """A method's selector as served: when it was loaded, and the model versions it replaced (None: the first)."""
+    method: str
+    selector: ContextSelector
+    loaded_at: float
+    replaced: dict[str, int] | None = None
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {p.name: p.version for p in self.selector.provenance}
+
+    def describe(self) -> dict:
+        entry = METHOD[self.method]
+        return {"method": self.method, "label": entry.label, "description": entry.description,
+                "trained_models": needed_models(entry), "loaded_at": utc(self.loaded_at),
+                "switched_at": utc(self.loaded_at) if self.replaced is not None else None,
+                "replaced_versions": self.replaced,
+                "models": [{"name": p.name, "version": p.version, "alias": p.alias, "uri": p.uri,
+                            "content_hash": p.content_hash, "dagster_run_id": p.dagster_run_id,
+                            "promoted_by": p.promoted_by} for p in self.selector.provenance]}
+
+
+class UnknownMethod(LookupError):
+    """A request for a method this service does not serve (HTTP 400), or has not loaded (HTTP 503)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class ServedMethods:
+    """The selectors a service answers with, by method name. `load(method)` makes one (registry_methods: with
+    load_selector); `current_version(model name, alias)` says which version an alias points at now (None: none).
+    Methods that cannot load at start are `unavailable` (with the reason) when `required` is False, and tried
+    again at each poll; when `required`, the first failure raises. `redact_text` cleans every line it logs and
+    every reason it keeps."""
+
+    def __init__(self, methods: Iterable[str], load: Callable[[str], ContextSelector],
+                 current_version: Callable[[str, str], int | None], *, required: bool = True,
+                 redact_text: Callable[[str], str] = str):
+        self._load, self._current, self.redact_text = load, current_version, redact_text
+        self._lock = threading.Lock()
+        self._loaded: dict[str, LoadedSelector] = {}
+        self.unavailable: dict[str, str] = {}
+        for method in dict.fromkeys(methods):
+            try:
+                self._loaded[method] = LoadedSelector(method, load(method), time.time())
+            except ServingError as error:
+                if required:
+                    raise
+                self.unavailable[method] = self.redact_text(str(error))
+                _LOG.warning(self.redact_text(f"method {method}: not loaded ({error}); tried again at each poll"))
+
+    @property
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._loaded)
+
+    def loaded(self) -> list[LoadedSelector]:
+        with self._lock:
+            return list(self._loaded.values())
+
+    def get(self, method: str) -> LoadedSelector:
+        """The selector serving `method` now; UnknownMethod naming the served ones when there is none."""
+        with self._lock:
+            found = self._loaded.get(method)
+        if found is not None:
+            return found
+        if method in self.unavailable:
+            raise UnknownMethod(f"method: {method!r} is not loaded: {self.unavailable[method]}", 503)
+        known = "" if method in SERVABLE else f"; covlab's servable methods: {list(SERVABLE)}"
+        raise UnknownMethod(f"method: {method!r} is not served here; served: {self.names}{known}", 400)
+
+    def poll(self) -> list[str]:
+        """One look at the registry: every loaded method one of whose models' alias moved is loaded again and
+        swapped in; every unavailable one is tried again. Returns the lines it logged."""
+        lines = []
+        for loaded in self.loaded():
+            moved = {}
+            for p in loaded.selector.provenance:
+                now = self._current(p.name, p.alias)
+                if now is None:
+                    lines.append(f"method {loaded.method}: {p.name} alias {p.alias} points at no version now; "
+                                 f"still serving v{p.version}")
+                elif now != p.version:
+                    moved[p.name] = p
+            if moved:
+                lines += self._reload(loaded, moved)
+        for method in list(self.unavailable):
+            try:
+                selector = self._load(method)
+            except ServingError as error:
+                self.unavailable[method] = self.redact_text(str(error))
+                continue
+            with self._lock:
+                self._loaded[method] = LoadedSelector(method, selector, time.time())
+            del self.unavailable[method]
+            lines.append(f"method {method}: loaded " + ", ".join(f"{p.name} v{p.version}" for p in selector.provenance))
+        for line in lines:
+            _LOG.info(self.redact_text(line))
+        return lines
+
+    def _reload(self, loaded: LoadedSelector, moved: dict) -> list[str]:
+        try:
+            selector = self._load(loaded.method)
+        except Exception as error:  # the old selector keeps serving; the next poll tries again
+            return [f"method {loaded.method}: {', '.join(moved)} moved, but loading it failed "
+                    f"({type(error).__name__}: {error}); still serving {loaded.versions}"]
+        fresh = LoadedSelector(loaded.method, selector, time.time(), loaded.versions)
+        with self._lock:
+            self._loaded[loaded.method] = fresh  # requests that read the old one finish on it
+        return [f"method {loaded.method}: {name} alias {old.alias} moved v{old.version} -> v{fresh.versions.get(name)}"
+                for name, old in moved.items()]
+
+
+class Poller:
+    """`served.poll()` every `seconds` on a daemon thread, from `start()` until `stop()`."""
+
+    def __init__(self, served: ServedMethods, seconds: float):
+        self.served, self.seconds = served, seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="covlab-serve-poller", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=max(self.seconds, 5.0))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.seconds):
+            try:
+                self.served.poll()
+            except Exception as error:  # the registry unreachable for a while: keep serving, try again
+                _LOG.warning(self.served.redact_text(f"registry poll failed ({type(error).__name__}: {error})"))
+
+
+class Redactor:
+    """Removes every form of the given secrets from text (resources/secrets.py); also a logging filter."""
+
+    def __init__(self, secrets: Iterable[str | None]):
+        self.secrets = [s for s in secrets if s]
+
+    def __call__(self, text: str) -> str:
+        return redact(text, self.secrets) if self.secrets else text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """The record with its message and its traceback redacted (a traceback quotes the exception's message)."""
+        record.msg, record.args = self(record.getMessage()), ()
+        if record.exc_info:
+            record.exc_text, record.exc_info = self(logging.Formatter().formatException(record.exc_info)), None
+        return True
+
+
+def service_secrets(tracking_uri: str | None) -> Redactor:
+    """The secrets this process holds: environment variables named like secrets, the tracking URI's credentials."""
+    return Redactor([*environment_secrets().values(), *(url_secrets(tracking_uri) if tracking_uri else [])])
+
+
+def request_model(limits: Limits) -> type[BaseModel]:
+    """The body of POST /v1/select under `limits` (one class per service: the limits are part of the schema)."""
+    Text = Annotated[str, Field(min_length=1, max_length=limits.max_text_chars)]
+
+    class CandidateIn(BaseModel):
+        """A candidate passage: its text, and optionally its id (default: its position), its unit embedding and
+        its sentence atoms' embeddings (as the pipeline's item_embeddings hold them), any metadata."""
+        model_config = ConfigDict(extra="forbid")
+        id: str | None = None
+        text: Text
+        embedding: list[float] | None = None
+        atoms: list[list[float]] | None = None
+        metadata: dict[str, Any] | None = None
+
+    class BudgetIn(BaseModel):
+        """Exactly one of `tokens` (the context's token budget) and `k` (items)."""
+        model_config = ConfigDict(extra="forbid")
+        tokens: int | None = Field(None, gt=0, lt=2**63)
+        k: int | None = Field(None, gt=0, lt=2**63)
+
+        @model_validator(mode="after")
+        def exactly_one(self):
+            if (self.tokens is None) == (self.k is None):
+                raise ValueError(f"give exactly one of tokens and k; got "
+                                 f"{'both' if self.tokens is not None else 'neither'}")
+            return self
+
+    class SelectRequest(BaseModel):
+        """A selection: `method` (GET /v1/methods lists the served ones), the query and its candidates, the
+        budget; `dataset` is checked against the service's for methods with trained models; `query_embedding`,
+        the candidates' embeddings, `subquestions` and `blend_weight` replace what the service would compute."""
+        model_config = ConfigDict(extra="forbid")
+        method: str
+        query: Text
+        candidates: list[CandidateIn] = Field(min_length=1, max_length=limits.max_candidates)
+        budget: BudgetIn
+        dataset: str | None = None
+        query_embedding: list[float] | None = None
+        subquestions: list[Text] | None = None
+        blend_weight: float | None = Field(None, ge=0.0, le=1.0)
+
+        @field_validator("candidates", mode="before")
+        @classmethod
+        def texts_as_records(cls, value):
+            """A text candidate is the record {id: its position, text}, as ContextSelector.select reads it."""
+            if isinstance(value, list):
+                return [{"id": str(i), "text": item} if isinstance(item, str) else item for i, item in enumerate(value)]
+            return value
+
+    return SelectRequest
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body is over `limit` bytes is answered 413 with the limit, before the
+    application reads it (by its Content-Length, or by counting what arrives)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            return await self._refuse(send, f"{int(declared)} bytes")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await self._refuse(send, "more")
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, send, size: str) -> None:
+        response = JSONResponse({"detail": f"request body: {size} is over the limit of {self.limit} bytes "
+                                           "(covlab serve --max-body-bytes)"}, status_code=413)
+        await response({"type": "http"}, None, send)
+
+
+RETRIEVE_MISSING = ("covlab.serving has no whole-corpus retriever (MCompassRAG, dense, BM25) yet: a registered "
+                    "mcompass_student version holds the student's weights but not the topic metadata bank of the "
+                    "corpus it scores, so whole-corpus retrieval runs only in the pipeline (the "
+                    "mcompass_retrieval asset). POST /v1/select selects among candidates you retrieved.")
+
+
+def create_app(served: ServedMethods, *, limits: Limits = Limits(), poll_seconds: float | None = None,
+               dataset: str | None = None, about: dict | None = None,
+               redact_text: Callable[[str], str] = str) -> FastAPI:
+    """The service over `served` (module docstring): a poller every `poll_seconds` while the app runs (None or
+    0: none); `dataset` the one its trained models are of; `about` shown in /v1/methods (alias, tracking URI:
+    redacted)."""
+    SelectRequest = request_model(limits)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        poller = Poller(served, poll_seconds) if poll_seconds else None
+        if poller:
+            poller.start()
+        try:
+            yield
+        finally:
+            if poller:
+                poller.stop()
+
+    app = FastAPI(title="covlab serve", version="1", lifespan=lifespan,
+                  description="Coverage-aware context selection: the registry's selectors (covlab.serving) over "
+                              "HTTP. Each answer says why every candidate is in or out and which model versions "
+                              "chose.")
+
+    @app.exception_handler(ServingError)
+    async def refused(request: Request, error: ServingError):
+        return JSONResponse({"detail": redact_text(str(error))}, status_code=400)
+
+    @app.exception_handler(UnknownMethod)
+    async def unknown(request: Request, error: UnknownMethod):
+        return JSONResponse({"detail": redact_text(str(error))}, status_code=error.status)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, error: Exception):
+        _LOG.error(redact_text(f"{request.method} {request.url.path} failed: {type(error).__name__}: {error}"))
+        return JSONResponse({"detail": f"internal error ({type(error).__name__}); the service log has the message"},
+                            status_code=500)
+
+    def answer(body: bytes) -> JSONResponse:
+        # Parsed and validated in one pass by pydantic's JSON parser (a body of embeddings parses in a third of
+        # json.loads's time), on a worker thread like the selection.
+        try:
+            request = SelectRequest.model_validate_json(body)
+        except ValidationError as error:  # as FastAPI words a body's errors: 422, each naming its field
+            raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
+        loaded = served.get(request.method)
+        if request.dataset is not None and loaded.selector.provenance and request.dataset != dataset:
+            raise ServingError(f"dataset: {request.method} serves the models of dataset {dataset!r}, not "
+                               f"{request.dataset!r}")
+        budget = Budget(tokens=request.budget.tokens, k=request.budget.k)
+        served_selection = loaded.selector.select(
+            request.query, [c.model_dump(exclude_none=True) for c in request.candidates], budget,
+            query_embedding=request.query_embedding, subquestions=request.subquestions,
+            blend_weight=request.blend_weight)
+        return JSONResponse(served_selection.to_dict())
+
+    @app.post("/v1/select", response_model=ServedSelection,
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                  "schema": {"$ref": f"#/components/schemas/{SelectRequest.__name__}"}}}}},
+              responses={400: {"description": "a request the selector refuses, or an unknown method"},
+                         413: {"description": "body over the limit"}, 422: {"description": "a bad field"},
+                         503: {"description": "the method's models are not loaded"}})
+    async def select(request: Request) -> JSONResponse:
+        """The context `method` selects from `candidates` for `query` within `budget`."""
+        return await run_in_threadpool(answer, await request.body())
+
+    @app.post("/v1/retrieve", status_code=501, responses={501: {"description": RETRIEVE_MISSING}})
+    def retrieve() -> JSONResponse:
+        """Whole-corpus retrieval: not served (the 501 answer says why)."""
+        return JSONResponse({"detail": RETRIEVE_MISSING}, status_code=501)
+
+    @app.get("/v1/methods")
+    def methods() -> dict:
+        """The methods loaded: their model versions and how they were promoted, when each was switched in;
+        those that could not load and why; the limits."""
+        return {**{k: redact_text(v) if isinstance(v, str) else v for k, v in (about or {}).items()},
+                "dataset": dataset, "poll_seconds": poll_seconds,
+                "methods": [loaded.describe() for loaded in served.loaded()],
+                "unavailable": [{"method": m, "reason": r} for m, r in served.unavailable.items()],
+                "limits": asdict(limits)}
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok", "methods": served.names}
+
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        """FastAPI's document, with the request body of /v1/select (read by `answer`, not by FastAPI)."""
+        if app.openapi_schema is None:
+            document = default_openapi()
+            schema = SelectRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            document.setdefault("components", {}).setdefault("schemas", {}).update(
+                {SelectRequest.__name__: schema, **schema.pop("$defs", {})})
+        return app.openapi_schema
+
+    app.openapi = openapi
+    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
+    return app
+
+
+def default_methods(dataset: str | None) -> list[str]:
+    """What `covlab serve` loads unless told: every servable method that needs no trained model, and with a
+    dataset also those that do."""
+    return [m for m in SERVABLE if dataset is not None or not needed_models(METHOD[m])]
+
+
+def registry_methods(methods: Sequence[str] | None, dataset: str | None, alias: str = "champion",
+                     tracking_uri: str | None = None, *, device: str = "cpu", redact_text: Callable[[str], str] = str,
+                     store: ModelStore | None = None) -> ServedMethods:
+    """ServedMethods of load_selector over the registry at `tracking_uri`: `methods` (required to load), or
+    `default_methods(dataset)` (those that cannot load yet are unavailable). Selectors with the same encoder
+    share one (one copy of its weights)."""
+    store = store or model_store(tracking_uri)
+    encoders: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def load(method: str) -> ContextSelector:
+        selector = load_selector(method, dataset, alias, tracking_uri, device=device)
+        key = (selector.encoder.model, selector.encoder.device)
+        selector.encoder = encoders.setdefault(key, selector.encoder)
+        return selector
+
+    def current_version(name: str, alias: str) -> int | None:
+        ref = store.version_for_alias(name, alias)
+        return None if ref is None else ref.version
+
+    return ServedMethods(methods or default_methods(dataset), load, current_version, required=bool(methods),
+                         redact_text=redact_text)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What `covlab serve` is started with (its flags)."""
+    methods: tuple[str, ...] = ()
+    dataset: str | None = None
+    alias: str = "champion"
+    tracking_uri: str | None = None
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    device: str = "cpu"
+    limits: Limits = field(default_factory=Limits)
+
+
+def serve(settings: ServeSettings) -> None:
+    """Load the methods (their encoders and tokenizers too, so that the first request is not the slow one), then
+    serve them with uvicorn until interrupted. A ServingError when a named method cannot load."""
+    import uvicorn
+
+    tracking_uri = settings.tracking_uri or model_store().tracking_uri
+    redactor = service_secrets(tracking_uri)
+    handler = logging.StreamHandler()
+    handler.addFilter(redactor)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    served = registry_methods(settings.methods, settings.dataset, settings.alias, settings.tracking_uri,
+                              device=settings.device, redact_text=redactor)
+    for loaded in served.loaded():
+        loaded.selector.encoder(["warm up"])
+        loaded.selector.counter.count(["warm up"])
+        _LOG.info(f"method {loaded.method}: ready" + "".join(f", {n} v{v}" for n, v in loaded.versions.items()))
+    about = {"alias": settings.alias, "tracking_uri": tracking_uri}
+    app = create_app(served, limits=settings.limits, poll_seconds=settings.poll_seconds, dataset=settings.dataset,
+                     about=about, redact_text=redactor)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)

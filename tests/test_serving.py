@@ -1,0 +1,145 @@
+"""covlab.serving: a registry method as a context selector for any caller. The served selection is the selector's
+own on the same pool (the pipeline's objects), says why each candidate is in or out, refuses bad requests by
+field, and the serving path imports no Dagster code."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from covlab.models.explain import NO_FACET, OVER_BUDGET, RANKED_BELOW, REDUNDANT
+from covlab.models.lmvu import FEATURE_NAMES, LMVURanker
+from covlab.models.registry import SelectorSettings, method
+from covlab.models.selectors import MMR, AdaGReS, Budget, FacilityLocation, Pool, RelevanceOrder
+from covlab.models.tokens import TokenCounter
+from covlab.serving import SERVABLE, ServingError, load_selector
+from covlab.serving.selector import ContextSelector, as_candidates
+from fixed_encoder import FixedEncoder
+
+PASSAGES = ["The harbour market opens at dawn and sells fresh fish from the night boats.",
+            "Fresh fish from the night boats is sold at the harbour market from dawn.",
+            "The museum of old maps is closed on Mondays and free on the first Sunday.",
+            "Trams to the old town run every ten minutes until midnight.",
+            "Tram tickets can be bought on board or at the kiosks by the stops."]
+
+
+def served(name: str, encoder=None, **kwargs) -> ContextSelector:
+    return ContextSelector(method(name), SelectorSettings(), encoder or FixedEncoder(), TokenCounter(), **kwargs)
+
+
+@pytest.mark.parametrize("name, selector", [("mmr", MMR(0.5)), ("adagres", AdaGReS()), ("facloc", FacilityLocation()),
+                                            ("relevance", RelevanceOrder())])
+@pytest.mark.parametrize("budget", [Budget(tokens=30), Budget(k=2)])
+def test_a_served_selection_is_the_selector_s_own_on_the_same_pool(name, selector, budget):
+    encoder = FixedEncoder()
+    serving = served(name, encoder)
+    answer = serving.select("What is there to do in the old town?", PASSAGES, budget)
+    pool = serving.pool("What is there to do in the old town?", as_candidates(PASSAGES), None, None)
+    expected = selector(pool, budget)
+    assert answer.ids == [str(i) for i in expected.items.tolist()]
+    assert [item.gain for item in answer.chosen] == pytest.approx(expected.gains.tolist())
+    assert answer.tokens == expected.tokens <= (budget.tokens or 10**9)
+    assert {item.id for item in answer.left_out} == {str(i) for i in range(len(PASSAGES))} - set(answer.ids)
+
+
+def test_precomputed_embeddings_replace_the_encoder_and_only_lmvu_reads_atoms():
+    vectors = FixedEncoder()(PASSAGES + ["the query"])
+    records = [{"id": f"d{i}", "text": text, "embedding": vectors[i].tolist()} for i, text in enumerate(PASSAGES)]
+
+    class Recording(FixedEncoder):
+        def __init__(self):
+            super().__init__()
+            self.encoded = []
+
+        def __call__(self, texts):
+            self.encoded += list(texts)
+            return super().__call__(texts)
+
+    encoder = Recording()
+    answer = served("mmr", encoder).select("q", records, Budget(k=3), query_embedding=vectors[-1])
+    pool = Pool(embeddings=vectors[:-1], query=vectors[-1], tokens=np.array(TokenCounter().count(PASSAGES)))
+    assert answer.ids == [f"d{i}" for i in MMR(0.5)(pool, Budget(k=3)).items.tolist()]
+    assert encoder.encoded == []  # everything MMR reads was given
+    long = [PASSAGES[0] + " " + PASSAGES[2], PASSAGES[3]]  # two sentences, then one
+    served("mmr", encoder).select("q", long, Budget(k=1))
+    assert encoder.encoded == ["q", *long]  # no sentence atoms: MMR does not read them
+    encoder.encoded.clear()
+    ranker = LMVURanker(FEATURE_NAMES, np.zeros(18), np.ones(18), np.ones(18), 1.0, "viewpoints")
+    served("lmvu", encoder, model=ranker).select("q", long, Budget(k=1))
+    assert encoder.encoded == ["q", *long, PASSAGES[0], PASSAGES[2]]  # LMVU's atoms: the first one's sentences
+
+
+def test_left_out_reasons_name_the_budget_the_duplicate_and_the_covered_facet():
+    duplicate = [PASSAGES[0], PASSAGES[0] + " ", PASSAGES[2], " ".join(["harbour"] * 200)]
+    encoder = FixedEncoder()
+    encoder.table[duplicate[1]] = FixedEncoder()([PASSAGES[0]])[0]  # the same vector: a near duplicate
+
+    def estimator(pairs):  # subquestion s0 covered by the first two items, s1 by the third
+        return np.array([1.0 if (s, t) in {("s0", duplicate[0]), ("s0", duplicate[1]), ("s1", duplicate[2])}
+                         else 0.0 for s, t in pairs])
+
+    serving = served("coverage_greedy", encoder, estimator=estimator, estimator_dev_auc=0.9,
+                     blend_weights={"k=2": 1.0})
+    answer = serving.select("q", duplicate + [PASSAGES[4]], Budget(k=2), subquestions=["s0", "s1"])
+    # equal gains: relevance orders the two
+    assert sorted(answer.ids) == ["0", "2"] and answer.decision["blend_weight"] == 1.0
+    kinds = {item.id: (item.kind, item.redundant_with) for item in answer.left_out}
+    assert kinds["1"] == (REDUNDANT, "0")  # the duplicate, whatever the room left
+    assert kinds["3"][0] == NO_FACET  # covers nothing new (it is also far over budget: the telling reason first)
+    assert [item.reason.startswith("chosen at step") for item in answer.chosen] == [True, True]
+    over = served("mmr", FixedEncoder()).select("q", PASSAGES, Budget(tokens=20))
+    assert {item.kind for item in over.left_out} <= {OVER_BUDGET, REDUNDANT, RANKED_BELOW}
+    assert any(item.kind == OVER_BUDGET and "tokens," in item.reason for item in over.left_out)
+
+
+def test_the_estimator_gate_and_the_blend_weight_apply_as_in_the_pipeline():
+    def estimator(pairs):
+        return np.linspace(0.1, 0.9, len(pairs))
+
+    low = served("coverage_greedy_soft", estimator=estimator, estimator_dev_auc=0.5)
+    answer = low.select("q", PASSAGES, Budget(k=2), subquestions=["a", "b"])
+    assert answer.decision["fell_back"] and "0.5000 < 0.6500" in answer.decision["estimator_gate"]
+    assert answer.ids == served("relevance").select("q", PASSAGES, Budget(k=2)).ids  # the fallback order
+    nearest = served("coverage_greedy_soft", estimator=estimator, estimator_dev_auc=0.9,
+                     blend_weights={"k=10": 0.25, "tokens=128": 0.75})
+    assert nearest.select("q", PASSAGES, Budget(k=3), subquestions=["a"]).decision["blend_chosen_for"] == "k=10"
+    none = served("coverage_greedy_soft", estimator=estimator, estimator_dev_auc=0.9)
+    assert none.select("q", PASSAGES, Budget(tokens=40), subquestions=["a"]).decision["blend_weight"] == 0.0
+
+
+@pytest.mark.parametrize("candidates, message", [
+    ([], "candidates: expected a non-empty list"),
+    ("one text", "candidates: expected a non-empty list"),
+    ([{"id": "a"}], r"candidates\[0\]\.text: expected a string"),
+    ([{"id": "a", "text": "x", "vector": [1]}], r"candidates\[0\]: unknown field\(s\) \['vector'\]"),
+    ([{"id": "a", "text": "x"}, {"id": "a", "text": "y"}], "id 'a' appears more than once"),
+    (["fine", "  "], r"candidates\[1\]\.text: empty"),
+    ([{"id": "a", "text": "x", "embedding": ["no"]}], r"candidates\[0\]\.embedding: expected numbers"),
+    ([3], r"candidates\[0\]: expected a text"),
+])
+def test_a_bad_request_names_the_field(candidates, message):
+    with pytest.raises(ServingError, match=message):
+        served("mmr").select("q", candidates, Budget(k=1))
+
+
+def test_unknown_bound_and_untrained_requests_are_refused_with_the_valid_choices(tmp_path):
+    with pytest.raises(ServingError, match=r"method: unknown method 'nosuch'.*servable: \['relevance'"):
+        load_selector("nosuch")
+    with pytest.raises(ServingError, match="'oracle_rvc1' cannot select for a caller \\(it reads gold labels\\)"):
+        load_selector("oracle_rvc1")
+    with pytest.raises(ServingError, match="dataset: lmvu needs its trained lmvu_ranker"):
+        load_selector("lmvu")
+    with pytest.raises(ServingError, match="covlab.demo.lmvu_ranker has no version with alias 'champion'"):
+        load_selector("lmvu", "demo", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", cache=tmp_path)
+    with pytest.raises(ServingError, match="query: expected a non-empty string"):
+        served("mmr").select(" ", PASSAGES, Budget(k=1))
+    assert "gold_nugget_bound" not in SERVABLE and "dense" not in SERVABLE and "lmvu" in SERVABLE
+
+
+def test_the_serving_path_imports_no_dagster():
+    probe = ("import sys, covlab.serving, covlab.serving.pyfunc, covlab.serving.http, covlab.resources.model_store; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'dagster'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
