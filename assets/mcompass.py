@@ -33,6 +33,7 @@ from covlab.models.encoders import default_base_model
 from covlab.models.mcompass import (STUDENT, PairSettings, StudentSettings, TrainingSettings, load_students,
                                     sample_pairs, save_students, student_runs, student_variants, teacher_agreement,
                                     teacher_logits, train_students)
+from covlab.models.metrics import ALPHA_NDCG, IE
 from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
 from covlab.models.registry import method
 from covlab.models.report import compare_pools, report_figures
@@ -371,7 +372,7 @@ def retrieval_report(context: AssetExecutionContext, config: RetrievalReportConf
     return publish_report(context, Publication(
         rows, {"summary": summary, "paired": paired, "per_query": rows}, stored,
         {str(name): [AssetKey("mcompass_retrieval")] for name in rows["method"].unique()},  # every run is in it
-        rows, metadata={
+        rows, [str(IE)], metadata={
             "summary": MetadataValue.md(markdown(summary)), "paired": MetadataValue.md(markdown(paired)),
             "queries": int(rows["query_id"].nunique()),
             "queries_without_evidence": MetadataValue.json(figures.without_evidence),
@@ -463,7 +464,8 @@ def pool_comparison(context: AssetExecutionContext, config: PoolComparisonConfig
                      for source, (pool, matrix) in POOL_SOURCES.items() for selection in (POOL_ORDER, POOL_SELECTION)}
     return publish_report(context, Publication(
         compared.per_query, {"summary": compared.summary, "paired": compared.paired, "per_query": compared.per_query},
-        report_figures(compared.per_query, context.partition_key, evaluation.k), method_inputs, reported, metadata={
+        report_figures(compared.per_query, context.partition_key, evaluation.k), method_inputs, reported,
+        [str(ALPHA_NDCG @ evaluation.k)], metadata={
             "summary": MetadataValue.md(markdown(compared.summary)),
             "paired_vs_bm25_pool": MetadataValue.md(markdown(paired)),
             "decisions": MetadataValue.json(compared.decisions),

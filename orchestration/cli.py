@@ -29,17 +29,7 @@ from pathlib import Path
 
 import yaml
 
-
-# `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
-# candidate pool instead of the BM25 top-100 (and MCompass pools of the same size), one estimator epoch at a
-# higher learning rate, 8 evidence chunks per query for MCompassRAG's teacher to rate.
-DEMO_CONFIG = {"ops": {
-    "bm25_pools": {"config": {"mode": "given"}},
-    "mcompass_pools": {"config": {"n": 0}},
-    "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
-    "coverage_biencoder": {"config": {"max_length": 128}},
-    "mcompass_teacher": {"config": {"positives": 8}},
-}}
+from covlab.orchestration.settings import DEMO_CONFIG
 
 
 IN_PROCESS_JOB = "__ephemeral_asset_job__"  # the name Dagster's `materialize` gives the job of its runs

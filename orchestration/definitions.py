@@ -25,7 +25,7 @@ from covlab.assets.report import coverage_report
 from covlab.assets.selections import SELECTION_ASSETS
 from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation, with_nightly_condition
 from covlab.orchestration.distributed import distributed_jobs
-from covlab.orchestration.settings import covlab_home, dataset_registry, mlflow_tracking_uri
+from covlab.orchestration.settings import DEMO_CONFIG, covlab_home, dataset_registry, mlflow_tracking_uri
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource
 from covlab.resources.evaluation import EvaluationResource
@@ -48,7 +48,13 @@ ASSETS = with_nightly_condition([
 use_code_location_assets(ASSETS)  # what a running report's lineage reads config defaults and pools from
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
-                             description="Every asset of one dataset partition (what `make demo` runs on demo).")
+                             description="Every asset of one dataset partition, at each asset's config defaults.")
+# The same assets with the config `make demo` runs (DEMO_CONFIG) as the Launchpad's defaults, so that a run
+# launched from the UI on demo is the demo's run.
+demo = define_asset_job("demo", selection=AssetSelection.all(), config=DEMO_CONFIG,
+                        description="Every asset of one dataset partition with the demo's settings (what `make demo` "
+                                    "runs on demo): each query's given pool, one estimator epoch at lr 1e-4, "
+                                    "128-token pairs.")
 
 
 def default_resources(home: Path | None = None) -> dict:
@@ -98,5 +104,5 @@ def with_resource_settings(resources: Mapping[str, object], run_config: Mapping)
     return {**run_config, "resources": merged}
 
 
-defs = Definitions(assets=ASSETS, jobs=[build_all, *distributed_jobs()],
+defs = Definitions(assets=ASSETS, jobs=[build_all, demo, *distributed_jobs()],
                    sensors=[nightly_reevaluation, mlflow_candidate_sensor], resources=default_resources())

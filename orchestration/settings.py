@@ -47,6 +47,18 @@ EARLIER_DAGSTER_YAMLS = (
 )
 
 
+# `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
+# candidate pool instead of the BM25 top-100 (and MCompass pools of the same size), one estimator epoch at a
+# higher learning rate, 8 evidence chunks per query for MCompassRAG's teacher to rate.
+DEMO_CONFIG = {"ops": {
+    "bm25_pools": {"config": {"mode": "given"}},
+    "mcompass_pools": {"config": {"n": 0}},
+    "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
+    "coverage_biencoder": {"config": {"max_length": 128}},
+    "mcompass_teacher": {"config": {"positives": 8}},
+}}
+
+
 def covlab_home() -> Path:
     return Path(os.environ.get("COVLAB_HOME") or Path.cwd() / ".covlab").resolve()
 

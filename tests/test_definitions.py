@@ -88,7 +88,7 @@ EXPECTED_CHECKS = {  # (asset, check)
     ("mcompass_retrieval", "retrieval_runs_are_rankings"),
 }
 REPORTS = {"coverage_report", "comparison_report", "retrieval_report", "pool_comparison"}
-EXPECTED_JOBS = {"build_all": set(EXPECTED_ASSETS)}  # named jobs -> their assets
+EXPECTED_JOBS = {"build_all": set(EXPECTED_ASSETS), "demo": set(EXPECTED_ASSETS)}  # named jobs -> their assets
 if importlib.util.find_spec("dagster_celery"):  # orchestration/distributed.py: only with dagster-celery installed
     EXPECTED_JOBS["build_all_celery"] = set(EXPECTED_ASSETS)
 if importlib.util.find_spec("dagster_k8s"):  # the same, each step a Kubernetes job (deploy/k8s/)
@@ -125,6 +125,13 @@ def test_the_code_location_matches_its_written_out_snapshot():
     assert {s.name: {k.to_user_string() for k in s.asset_selection.resolve(graph)}
             if isinstance(s, AutomationConditionSensorDefinition) else _targets(s.job_name)
             for s in defs.sensors} == EXPECTED_SENSORS
+
+
+def test_the_demo_job_launches_with_the_demos_config():
+    """The Launchpad of the `demo` job opens on what `make demo` runs (DEMO_CONFIG), not on each asset's default."""
+    from covlab.orchestration.settings import DEMO_CONFIG
+
+    assert defs.resolve_job_def("demo").get_run_config_for_partition_key("demo")["ops"] == DEMO_CONFIG["ops"]
 
 
 def test_a_column_schema_is_its_tables_declaration():

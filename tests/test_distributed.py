@@ -29,7 +29,8 @@ from dagster import AssetSelection, DagsterEventType, DagsterInstance, DagsterRu
 
 from covlab.assets.partitions import DATASETS
 from covlab.models.registry import Report
-from covlab.orchestration.cli import DEMO_CONFIG, materialize
+from covlab.orchestration.cli import materialize
+from covlab.orchestration.settings import DEMO_CONFIG
 from covlab.orchestration.definitions import defs
 from covlab.resources.device import GPU_POOL
 from covlab.resources.io_manager import read_stored

@@ -237,7 +237,7 @@ def test_the_reports_show_one_float_per_figure_an_inline_png_and_a_compact_linea
     import base64
     import re
 
-    from dagster import FloatMetadataValue
+    from dagster import FloatMetadataValue, TextMetadataValue
 
     from covlab.models.plots import PNG_SIGNATURE
 
@@ -248,6 +248,9 @@ def test_the_reports_show_one_float_per_figure_an_inline_png_and_a_compact_linea
                     & (report["method"] == "coverage_greedy")]
     assert isinstance(meta["alpha_ndcg@10/coverage_greedy"], FloatMetadataValue)
     assert meta["alpha_ndcg@10/coverage_greedy"].value == pytest.approx(chosen["value"].mean())
+    # the Plots tab charts each method's primary measure only, and no id
+    assert not [key for key in meta if key.startswith(("strecall@10/", "p@10/", "ndcg@10/"))]
+    assert isinstance(meta["results_store_report_id"], TextMetadataValue)
     image = re.fullmatch(r"!\[[^]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", meta["figure"].value)
     assert image and base64.b64decode(image.group(1)).startswith(PNG_SIGNATURE)
     assert "summary" not in meta  # it only repeated table1
@@ -260,6 +263,7 @@ def test_the_reports_show_one_float_per_figure_an_inline_png_and_a_compact_linea
     assert "(shown above)" not in comparison["lineage"].value
     retrieval = built["result"].asset_materializations_for_node("retrieval_report")[0].metadata
     assert isinstance(retrieval["IE/mcompass"], FloatMetadataValue)
+    assert not [key for key in retrieval if key.startswith(("P@", "R@", "IE@"))]
 
 
 @pytest.mark.slow
