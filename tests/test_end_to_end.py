@@ -390,7 +390,15 @@ def test_make_ui_serves_the_asset_graph_on_loopback(tmp_path):
 
 
 def test_dg_check_defs_loads_the_code_location(tmp_path):
+    """`dg check defs` in the checkout, on an instance of its own: without DAGSTER_HOME, dg creates a
+    `.tmp_dagster_home_*` folder in the checkout while it runs, which made the checkout dirty for whatever test read
+    its git state at that moment."""
+    dagster = tmp_path / "home" / "dagster"
+    dagster.mkdir(parents=True)
+    (dagster / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     done = subprocess.run([str(ROOT / ".venv" / "bin" / "dg"), "check", "defs"], cwd=ROOT,
-                          env=_env(tmp_path / "home"), capture_output=True, text=True, timeout=300)
+                          env={**_env(tmp_path / "home"), "DAGSTER_HOME": str(dagster)}, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert not list(ROOT.glob(".tmp_dagster_home_*"))
     assert "All definitions loaded successfully" in done.stdout + done.stderr
