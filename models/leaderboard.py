@@ -99,15 +99,15 @@ def _budget_rows(wide: pd.DataFrame, budget: str, board: Board, seed: int, min_q
                    "headroom": float((oracle[board.oracle] - oracle[m]).mean()) if oracle is not None and len(oracle)
                    else np.nan, "verdict": verdict}
     if ranked:
-        rows[ranked[0]]["verdict"] = _first_place(wide, ranked, rows[ranked[0]]["verdict"], board, seed)
+        rows[ranked[0]]["verdict"] = _first_place(wide, means, ranked, rows[ranked[0]]["verdict"], board, seed)
     return [rows[m] for m in ranked] + [rows[m] for m in methods if m not in ranked]
 
 
-def _first_place(wide: pd.DataFrame, ranked: list[str], verdict: str, board: Board, seed: int) -> str:
+def _first_place(wide: pd.DataFrame, means: pd.Series, ranked: list[str], verdict: str, board: Board,
+                 seed: int) -> str:
     """The verdict of the best-ranked method: "winner" only where it is ahead of the baseline and its paired CI
     against the runner-up excludes 0."""
     first = ranked[0]
-    means = wide.mean()
     tied = [m for m in ranked[1:] if means[m] == means[first]]
     place = f"first (tied with {', '.join(tied)})" if tied else "first"
     if first == board.baseline:
