@@ -118,7 +118,7 @@ def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: 
     """The LMVU ranker (METHODS.md §2) trained pairwise on sampled states of the train queries, C chosen on
     the tune split (models/comparison.train_lmvu_ranker); under grouped_cv also one ranker per topic-grouped
     fold, trained here so that every model a figure rests on is registered and costed. Registered in MLflow as
-    covlab.<dataset>.lmvu_ranker (the fold rankers in the same version) with its dev score for champion
+    `covlab.<dataset>.lmvu_ranker` (the fold rankers in the same version) with its dev score for champion
     promotion (model_promotions): the mean RVC1 of its budgeted selections on the tune split, as the comparison
     reports it, and its gate's figures (held-out top-1 accuracy against chance)."""
     protocol = evaluation.evaluation_protocol()

@@ -16,16 +16,16 @@ from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.assets.progress import step_progress
 from covlab.models import prompts
 from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
-                                     load_first_stage, save_biencoder, train_coverage_biencoder)
+                                     save_biencoder, train_coverage_biencoder)
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned, gold_judgments,
-                                    labelled_pairs, load_estimator_scorer, pool_pairs, queries_of,
-                                    rated_judgments, save_estimator, training_pairs)
+                                    labelled_pairs, pool_pairs, queries_of, rated_judgments, save_estimator,
+                                    training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
 from covlab.models.encoders import default_base_model
 from covlab.models.matcher import train_matcher
 from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES
 from covlab.models.subquestions import (FocusSettings, focused_decomposition, gold_subquestions,
-                                        grounded_subquestions)
+                                        grounded_decomposition)
 from covlab.models.windows import WindowSelection
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
@@ -33,6 +33,7 @@ from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
 from covlab.resources.lineage import TrainingSummary
 from covlab.resources.model_store import TrainedModel
+from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
 
 GROUP = "coverage"
@@ -88,13 +89,11 @@ def subquestions(context: AssetExecutionContext, config: SubquestionConfig, quer
                 queries, pool_texts, lambda xs: encode(model, tokenizer, xs, device=device.torch_device(),
                                                        progress=step_progress(context)),
                 FocusSettings(config.n, config.focus_lambda, config.duplicate_similarity, config.max_query_similarity))
-        else:
-            table = pd.concat([grounded_subquestions(q, t, pool_texts.get(q, []),
-                                                     lambda xs: encode(model, tokenizer, xs,
-                                                                       device=device.torch_device()),
-                                                     n=config.n, max_query_similarity=config.max_query_similarity,
-                                                     seed=config.seed)
-                               for q, t in zip(queries["query_id"], queries["text"])], ignore_index=True)
+        else:  # one encoding per query: its progress is the loop's, in queries
+            table = grounded_decomposition(
+                queries, pool_texts, lambda xs: encode(model, tokenizer, xs, device=device.torch_device()),
+                n=config.n, max_query_similarity=config.max_query_similarity, seed=config.seed,
+                progress=step_progress(context))
     per_query = table.groupby("query_id").size()
     return content_output(table, metadata={**metadata, "subquestions": len(table), "queries": int(per_query.size),
                                            "mean_per_query": float(per_query.mean()) if len(per_query) else 0.0})
@@ -178,7 +177,7 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                        artifacts: ArtifactStore) -> Output[TrainedModel]:
     """The coverage estimator, fine-tuned on judged (subquestion, document) pairs: a cross-encoder (BCE,
     early stopping on the dev split) or a bi-encoder matcher (`architecture`); registered in MLflow as
-    covlab.<dataset>.coverage_estimator."""
+    `covlab.<dataset>.coverage_estimator`."""
     context.log.info(device.describe())
     texts, subqs = document_texts(corpus), _judged_subquestions(subquestions, nuggets)
     train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed,
@@ -300,70 +299,57 @@ def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: 
                                            "config": MetadataValue.json(config.model_dump())})
 
 
-class EstimationConfig(Config):
-    batch_size: int = Field(64, description="pairs per inference batch")
-    prune_top_m: int | None = Field(
-        None, description="None: the estimator scores every (pool document, subquestion) pair. m: a bi-encoder "
-                          "first stage keeps each subquestion's m pool documents most similar to it and only "
-                          "those pairs are scored; the others get probability 0.0 (not covered)")
-    first_stage: str = Field("", description="the first stage's bi-encoder: a saved model path (e.g. the "
-                                             "coverage bi-encoder's) or HF name; empty: packaged MiniLM")
-    first_stage_max_length: int = Field(256, description="tokens per text for the first stage")
-
-
-def estimated_matrix_output(context, config: EstimationConfig, pools: pd.DataFrame, subqs: pd.DataFrame,
+def estimated_matrix_output(context, scoring: EstimatorScoring, pools: pd.DataFrame, subqs: pd.DataFrame,
                             queries: pd.DataFrame, corpus: pd.DataFrame, estimator: TrainedModel,
                             evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
                             artifacts: ArtifactStore) -> Output:
     """The body of every estimated-matrix asset (over the BM25 pools, their gold nuggets, the MCompass pools):
     the registered estimator's coverage probability of each (pool document, subquestion) pair of the
-    evaluated splits, pruned to each subquestion's top-m documents when the config asks."""
+    evaluated splits' queries, pruned to each subquestion's top-m documents when the estimator_scoring
+    resource asks. Its settings are recorded as the matrix's config."""
     context.log.info(device.describe())
-    torch_device, dtype = device.torch_device(), device.autocast_dtype()
-    scorer = load_estimator_scorer(load_registered_model(estimator, tracking, artifacts), batch_size=config.batch_size,
-                                   device=torch_device, autocast_dtype=dtype, progress=step_progress(context))
+    progress = step_progress(context)
+    score = scoring.estimator(load_registered_model(estimator, tracking, artifacts), device, progress)
     pairs = pool_pairs(pools, subqs, queries_of(queries, evaluation.splits)).drop(columns="split")
-    if config.prune_top_m is None:
-        matrix, scored = estimate_coverage(pairs, subqs, document_texts(corpus), scorer), len(pairs)
+    if scoring.prune_top_m is None:
+        matrix, scored = estimate_coverage(pairs, subqs, document_texts(corpus), score), len(pairs)
     else:
-        embed = load_first_stage(config.first_stage or default_base_model(), batch_size=config.batch_size,
-                                 max_length=config.first_stage_max_length, device=torch_device,
-                                 autocast_dtype=dtype, progress=step_progress(context))
-        matrix, kept = estimate_coverage_pruned(pairs, subqs, document_texts(corpus), scorer, embed,
-                                                config.prune_top_m)
+        matrix, kept = estimate_coverage_pruned(pairs, subqs, document_texts(corpus), score,
+                                                scoring.first_stage_encoder(device, progress), scoring.prune_top_m)
         scored = int(kept.sum())
     context.log.info(f"estimated matrix: {scored} of {len(pairs)} pairs scored by the estimator")
     return content_output(matrix, metadata={
         "pairs": len(matrix), "pairs_scored": scored, "pairs_pruned": len(matrix) - scored,
+        "queries": int(matrix["query_id"].nunique()), "splits": MetadataValue.json(evaluation.splits),
         "model_uri": estimator.model.uri,
         "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
-        "config": MetadataValue.json(config.model_dump())})
+        "config": MetadataValue.json(scoring.model_dump())})
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
        kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
 @reports_peak_rss
-def estimated_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig, bm25_pools: pd.DataFrame,
-                              subquestions: pd.DataFrame, queries: pd.DataFrame, corpus: pd.DataFrame,
-                              coverage_estimator: TrainedModel, evaluation: EvaluationResource,
+def estimated_coverage_matrix(context: AssetExecutionContext, estimator_scoring: EstimatorScoring,
+                              bm25_pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.DataFrame,
+                              corpus: pd.DataFrame, coverage_estimator: TrainedModel, evaluation: EvaluationResource,
                               device: DeviceResource, tracking: TrackingResource,
                               artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """Estimated coverage probability of every (pool document, subquestion) of the evaluated splits. With
-    prune_top_m set, only each subquestion's top-m pool documents under the first-stage bi-encoder are
-    scored; the other pairs hold probability 0.0 (counted as pairs_pruned in the metadata)."""
-    return estimated_matrix_output(context, config, bm25_pools, subquestions, queries, corpus, coverage_estimator,
-                                   evaluation, device, tracking, artifacts)
+    estimator_scoring's prune_top_m set, only each subquestion's top-m pool documents under the first-stage
+    bi-encoder are scored; the other pairs hold probability 0.0 (counted as pairs_pruned in the metadata)."""
+    return estimated_matrix_output(context, estimator_scoring, bm25_pools, subquestions, queries, corpus,
+                                   coverage_estimator, evaluation, device, tracking, artifacts)
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
        kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
 @reports_peak_rss
-def estimated_gold_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
+def estimated_gold_coverage_matrix(context: AssetExecutionContext, estimator_scoring: EstimatorScoring,
                                    bm25_pools: pd.DataFrame, nuggets: pd.DataFrame, queries: pd.DataFrame,
                                    corpus: pd.DataFrame, coverage_estimator: TrainedModel,
                                    evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
                                    artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """The estimator over (pool document, gold nugget) pairs: the gold-nugget bound's matrix (pruned as
-    estimated_coverage_matrix is, with pruned pairs at probability 0.0)."""
-    return estimated_matrix_output(context, config, bm25_pools, gold_subquestions(nuggets), queries, corpus,
-                                   coverage_estimator, evaluation, device, tracking, artifacts)
+    estimated_coverage_matrix is, by the same estimator_scoring, with pruned pairs at probability 0.0)."""
+    return estimated_matrix_output(context, estimator_scoring, bm25_pools, gold_subquestions(nuggets), queries,
+                                   corpus, coverage_estimator, evaluation, device, tracking, artifacts)

@@ -16,7 +16,7 @@ from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey,
                      MetadataValue, Output, asset, asset_check, multi_asset)
 from pydantic import Field
 
-from covlab.assets.coverage import EstimationConfig, estimated_matrix_output
+from covlab.assets.coverage import estimated_matrix_output
 from covlab.assets.outputs import content_output
 from covlab.assets.model_registry import load_registered_model, training_run
 from covlab.assets.partitions import DATASETS
@@ -28,11 +28,10 @@ from covlab.models import prompts
 from covlab.models.chunks import chunk_corpus, chunk_gold, evidence, link_placement, tiling_problems
 from covlab.models.comparison import markdown
 from covlab.models.biencoder import load_first_stage
-from covlab.models.coverage import load_estimator_scorer
 from covlab.models.encoders import default_base_model
-from covlab.models.mcompass import (STUDENT, PairSettings, StudentSettings, TrainingSettings, load_students,
-                                    sample_pairs, save_students, student_runs, student_variants, teacher_agreement,
-                                    teacher_logits, train_students)
+from covlab.models.mcompass import (RETRIEVAL_CORPUS, STUDENT, PairSettings, RetrievalCorpus, StudentSettings,
+                                    TrainingSettings, load_students, sample_pairs, save_students, student_runs,
+                                    student_variants, teacher_agreement, teacher_logits, train_students)
 from covlab.models.metrics import ALPHA_NDCG, IE
 from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
 from covlab.models.registry import method
@@ -42,7 +41,8 @@ from covlab.models.retrieval import (RETRIEVAL_RUN, dense_top_k, evidence_metric
 from covlab.models.schemas import CHUNK_LINKS, CHUNK_QRELS, CHUNKS, CORPUS, COVERAGE_MATRIX, POOLS
 from covlab.models.versions import arrays_digest, content_version
 from covlab.models.tokens import TokenCounter
-from covlab.models.topics import BankError, KMeansTopics, TopicBank, build_bank, effective_topics, topic_summary
+from covlab.models.topics import (BankEncoder, BankError, KMeansTopics, TopicBank, build_bank, effective_topics,
+                                   topic_summary)
 from covlab.resources.artifacts import ArtifactStore, write_directory
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
@@ -51,6 +51,7 @@ from covlab.resources.lucene import LuceneResource
 from covlab.resources.results_store import ResultsStore
 from covlab.resources.lineage import TrainingSummary
 from covlab.resources.model_store import TrainedModel
+from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
 
 GROUP = "mcompass"
@@ -129,7 +130,8 @@ def topic_metadata_bank(context: AssetExecutionContext, config: BankConfig, chun
                         queries: pd.DataFrame, device: DeviceResource, artifacts: ArtifactStore) -> Output[dict]:
     """e_c, T, theta_c (and from them m_c, g_c, r_c) of every chunk, and e_q of every query, in a folder of the
     artifact store named by the content hashes of both (written once, whole: an earlier materialization's folder
-    is never rewritten); the data version covers both hashes. Metadata: topic sizes and top terms (c-TF-IDF)."""
+    is never rewritten), with the encoder that embedded them (models/topics.BankEncoder); the data version covers
+    both hashes. Metadata: topic sizes and top terms (c-TF-IDF)."""
     context.log.info(device.describe())
     encode = load_first_stage(config.model or default_base_model(), batch_size=config.batch_size,
                               max_length=config.max_length, device=device.torch_device(),
@@ -143,6 +145,7 @@ def topic_metadata_bank(context: AssetExecutionContext, config: BankConfig, chun
 
     def write_bank(folder: Path) -> None:
         bank.save(folder)
+        BankEncoder(config.model, config.max_length).save(folder)
         with open(folder / QUERY_VECTORS_FILE, "wb") as handle:
             np.savez(handle, **query_vectors)
 
@@ -174,7 +177,6 @@ class TeacherConfig(Config):
     hard_negatives: int = Field(2, description="BM25-ranked negative chunks per positive")
     hard_depth: int = Field(100, description="BM25 depth the hard negatives come from")
     seed: int = Field(0, description="seed of the pair sampling")
-    batch_size: int = Field(64, description="estimator source: pairs per batch")
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="2",
@@ -184,11 +186,12 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
                      chunk_qrels: pd.DataFrame, chunk_index: dict, coverage_estimator: TrainedModel,
                      lucene: LuceneResource,
                      llm: LLMResource, tracking: TrackingResource, artifacts: ArtifactStore,
-                     device: DeviceResource) -> Output[pd.DataFrame]:
+                     device: DeviceResource, estimator_scoring: EstimatorScoring) -> Output[pd.DataFrame]:
     """Distillation pairs of every query with evidence: (query_id, chunk_id, label, kind, teacher_logit),
     evidence chunks and random and BM25-hard negatives. The teacher rates the evidence and the hard negatives;
     teacher_logit is NaN for random negatives and under the gold source. The estimator source is the
-    coverage_estimator asset's model version (an input, so its lineage and cost lead through it)."""
+    coverage_estimator asset's model version (an input, so its lineage and cost lead through it), scored at
+    estimator_scoring's batch size as the estimated matrices are."""
     gold = evidence(chunk_links, chunk_qrels).groupby("query_id")["chunk_id"].apply(set).to_dict()
     hits = lucene.top_n(Path(chunk_index["path"]), queries, config.hard_depth)
     ranking = hits.groupby("query_id")["doc_id"].apply(list).to_dict()
@@ -201,8 +204,7 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
     if config.source == "estimator":
         path, metadata["teacher_model"] = (load_registered_model(coverage_estimator, tracking, artifacts),
                                            coverage_estimator.model.uri)
-        score = load_estimator_scorer(path, batch_size=config.batch_size, device=device.torch_device(),
-                                      autocast_dtype=device.autocast_dtype(), progress=step_progress(context))
+        score = estimator_scoring.estimator(path, device, step_progress(context))
     elif config.source == "llm":
         llm.require("mcompass_teacher (without an LLM: source 'estimator' or 'gold')")
         rate = lambda asked: llm.chat_json_many(prompts.JUDGE_VERSION, asked, prompts.parse_rating)  # noqa: E731
@@ -246,7 +248,7 @@ class StudentConfig(Config):
                                 weight_decay=self.weight_decay, alpha=self.alpha, tau=self.tau, seed=self.seed)
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3", **gpu_step(),
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="4", **gpu_step(),
        kinds={"pytorch", "mlflow"}, owners=OWNERS)
 @reports_peak_rss
 def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topic_metadata_bank: dict,
@@ -258,7 +260,9 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
     pairs with the epoch of the best whole-corpus IE on the fold's tune queries kept (models/mcompass
     .train_students): the train split's under split (the full student trained on it is the registered model
     itself), and under grouped_cv also one set per topic-grouped fold, so that every student a retrieval figure
-    rests on is trained, registered and costed here. Registered in MLflow as covlab.<dataset>.mcompass_student."""
+    rests on is trained, registered and costed here. Registered in MLflow as `covlab.<dataset>.mcompass_student`,
+    its version carrying beside the weights the retrieval corpus it ranks (models/mcompass.RetrievalCorpus: the
+    bank, the chunks' texts, the bank's encoder), so that covlab.serving's retriever needs nothing else."""
     context.log.info(device.describe())
     bank = TopicBank.load(topic_metadata_bank["path"])
     protocol = evaluation.evaluation_protocol()
@@ -283,6 +287,9 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
                                           **({"dev_ie": max(trained.dev_scores)} if trained.dev_scores else {})},
                 example=pd.DataFrame({"query": pairs["query_id"].map(dict(zip(queries["query_id"], queries["text"]))),
                                       "chunk_id": pairs["chunk_id"]}).head(3), output="score")
+        with tempfile.TemporaryDirectory() as work:
+            corpus = RetrievalCorpus.of(bank, chunks, BankEncoder.load(topic_metadata_bank["path"]))
+            corpus_hash = tracking.store().attach(model.ref(), corpus.save(work), RETRIEVAL_CORPUS)
     kept = {f"{method}/fold {fold}": s.kept_epoch for (fold, method), s in sorted(students.students.items())}
     return content_output(TrainedModel(model, {}, config.model_dump(), protocol.kind), metadata={
         "epoch_losses": MetadataValue.json([round(x, 5) for x in trained.epoch_losses]),
@@ -291,7 +298,10 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
         "dev_ie": MetadataValue.json([round(x, 5) for x in trained.dev_scores]), "kept_epoch": trained.kept_epoch,
         "kept_epochs": MetadataValue.json(kept), "students": len(students.students), "folds": len(plan),
         "training_pairs": len(pairs), "training_queries": int(pairs["query_id"].nunique()),
-        "model_uri": model.uri, **training.metadata(TrainingSummary(
+        "model_uri": model.uri, RETRIEVAL_CORPUS: MetadataValue.json({"content_hash": corpus_hash,
+                                                                     "encoder": asdict(corpus.encoder)
+                                                                     if corpus.encoder else None}),
+        **training.metadata(TrainingSummary(
             models=len(students.students), epochs=sum(len(s.epoch_losses) for s in students.students.values()),
             pairs=int(mcompass_teacher["query_id"].isin(set().union(*(f.train for f in plan))).sum()))),
         "config": MetadataValue.json(config.model_dump())})
@@ -416,16 +426,17 @@ def mcompass_pools(config: StudentPoolConfig, mcompass_retrieval: pd.DataFrame, 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
        kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
 @reports_peak_rss
-def mcompass_pool_coverage_matrix(context: AssetExecutionContext, config: EstimationConfig,
+def mcompass_pool_coverage_matrix(context: AssetExecutionContext, estimator_scoring: EstimatorScoring,
                                   mcompass_pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.DataFrame,
                                   corpus: pd.DataFrame, coverage_estimator: TrainedModel,
                                   evaluation: EvaluationResource,
                                   device: DeviceResource, tracking: TrackingResource,
                                   artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """estimated_coverage_matrix over the MCompass pools: the estimator's coverage probability of every
-    (pool document, subquestion) of the evaluated splits, pruned as that asset is (same config)."""
-    return estimated_matrix_output(context, config, mcompass_pools, subquestions, queries, corpus, coverage_estimator,
-                                   evaluation, device, tracking, artifacts)
+    (pool document, subquestion) of the evaluated splits' queries (a pool of any other query is not scored),
+    pruned as that asset is (the one estimator_scoring resource)."""
+    return estimated_matrix_output(context, estimator_scoring, mcompass_pools, subquestions, queries, corpus,
+                                   coverage_estimator, evaluation, device, tracking, artifacts)
 
 
 class PoolComparisonConfig(Config):
@@ -443,7 +454,7 @@ def pool_comparison(context: AssetExecutionContext, config: PoolComparisonConfig
     """BM25 pool + coverage greedy against MCompass pool + coverage greedy: from each pool the first k in pool
     order and coverage_greedy's rule (greedy at tau, the estimator gate, the blend weight tuned on the tune
     split) on that pool's estimated matrix, alpha-nDCG@k and StRecall@k per query (method
-    "<source>:<selection>"), paired statistics of the MCompass pool against the BM25 pool per selection and
+    `<source>:<selection>`), paired statistics of the MCompass pool against the BM25 pool per selection and
     metric on the report split; per-query figures to the results store. [chosen] Both sources fall back to,
     and break ties by, their own pool order: the coverage bi-encoder that orders selection_coverage_greedy
     has scores for the BM25 pools only, so the BM25 row here can differ from that selection."""

@@ -288,6 +288,15 @@ def comparison_pairs(methods: Iterable[str], baseline: str = "relevance") -> lis
 
 
 def markdown(table: pd.DataFrame, digits: int = 4) -> str:
-    """A table as Markdown for metadata and the closing note ("n/a" when empty)."""
-    return table.round(digits).to_markdown() if len(table) else "n/a"
+    """A table as Markdown for metadata and the closing note ("n/a" when empty), with flat labels: the levels of
+    a row MultiIndex become columns of their own, the levels of a column MultiIndex one header each
+    ("alpha_ndcg@10 / bm25"), never a Python tuple."""
+    if not len(table):
+        return "n/a"
+    flat = table.round(digits)
+    if isinstance(flat.columns, pd.MultiIndex):
+        flat.columns = [" / ".join(str(level) for level in column if str(level)) for column in flat.columns]
+    if isinstance(flat.index, pd.MultiIndex):
+        return flat.reset_index().to_markdown(index=False)
+    return flat.to_markdown()
 

@@ -95,13 +95,19 @@ def estimate_coverage(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: di
     return COVERAGE_MATRIX.conform(pairs.assign(probability=np.asarray(probabilities, dtype=np.float64)))
 
 
+def check_prune_top_m(top_m: int) -> int:
+    """The first stage keeps at least one document per subquestion: `top_m`, or a ValueError naming it."""
+    if top_m < 1:
+        raise ValueError(f"prune_top_m must be >= 1, got {top_m}")
+    return top_m
+
+
 def first_stage_keep(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str],
                      embed: Callable[[list[str]], np.ndarray], top_m: int) -> np.ndarray:
     """Which pairs a cheap first stage keeps [chosen]: each subquestion's `top_m` pool documents by cosine
     under a bi-encoder (`embed`: texts -> unit vectors), ties by pair order (pool rank). Every distinct
     subquestion and document text is encoded once. Returns a boolean mask over `pairs`' rows."""
-    if top_m < 1:
-        raise ValueError(f"prune_top_m must be >= 1, got {top_m}")
+    check_prune_top_m(top_m)
     text_of_subq = dict(zip(subquestions["subq_id"], subquestions["text"]))
     questions, documents = pairs["subq_id"].map(text_of_subq), pairs["doc_id"].map(texts)
     distinct = list(dict.fromkeys([*questions, *documents]))

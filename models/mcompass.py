@@ -39,7 +39,7 @@ from torch import nn
 from covlab.models import prompts
 from covlab.models.encoders import seeded
 from covlab.models.protocol import Fold
-from covlab.models.topics import TopicBank, topic_vectors
+from covlab.models.topics import BankEncoder, TopicBank, topic_vectors
 
 WEIGHTS_FILE = "student.safetensors"
 SETTINGS_FILE = "student.json"
@@ -438,25 +438,45 @@ def train_student(bank: TopicBank, query_vectors: dict[str, np.ndarray], pairs: 
     return trained
 
 
+@dataclass(frozen=True, eq=False)
+class BankRanker:
+    """A student ready to rank one bank's chunks for any number of queries: the bank as tensors on `device` and
+    the chunk part of the first layer (N x width floats), computed once, so a query costs only the query part,
+    the similarities and the head (`retrieve` makes one per call; a served retriever keeps one per student)."""
+    model: MCompassStudent
+    tensors: BankTensors
+    chunk_hidden: torch.Tensor
+
+    @classmethod
+    def of(cls, model: MCompassStudent, bank: TopicBank, device: torch.device = torch.device("cpu")) -> BankRanker:
+        model.eval()
+        tensors = BankTensors.of(bank, device)
+        with torch.no_grad():
+            return cls(model, tensors, model.chunk_layer(model.chunk_representation(tensors)))
+
+    def top_k(self, query_vectors: np.ndarray, k: int, query_batch: int = 4) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k bank chunks (indices, logits; Q x k, ties by lower index) of every query over the whole bank,
+        `query_batch` queries at a time. Peak memory beyond the ranker's own is one of score_corpus's blocks,
+        whatever the number of queries."""
+        from covlab.models.retrieval import top_k
+
+        found = []
+        with torch.no_grad():
+            for start in range(0, len(query_vectors), query_batch):
+                batch = torch.as_tensor(np.asarray(query_vectors[start:start + query_batch], dtype=np.float32),
+                                        device=self.chunk_hidden.device)
+                found.append(top_k(self.model.score_corpus(batch, self.tensors, self.chunk_hidden).cpu().numpy(), k))
+        if not found:
+            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
+        return np.concatenate([i for i, _ in found]), np.concatenate([s for _, s in found])
+
+
 def retrieve(model: MCompassStudent, bank: TopicBank, query_vectors: np.ndarray, k: int,
              device: torch.device = torch.device("cpu"), query_batch: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k bank chunks (indices, logits; Q x k, ties by lower index) of every query over the whole bank.
-    Peak memory is the chunk part of the first layer (N x width floats, once) and one of score_corpus's blocks,
-    whatever the number of queries."""
-    from covlab.models.retrieval import top_k
-
-    model.eval()
-    tensors = BankTensors.of(bank, device)
-    with torch.no_grad():
-        chunk_hidden = model.chunk_layer(model.chunk_representation(tensors))
-        found = []
-        for start in range(0, len(query_vectors), query_batch):
-            batch = torch.as_tensor(np.asarray(query_vectors[start:start + query_batch], dtype=np.float32),
-                                    device=device)
-            found.append(top_k(model.score_corpus(batch, tensors, chunk_hidden).cpu().numpy(), k))
-    if not found:
-        return np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.float32)
-    return np.concatenate([i for i, _ in found]), np.concatenate([s for _, s in found])
+    """Top-k bank chunks (indices, logits; Q x k, ties by lower index) of every query over the whole bank
+    (BankRanker.top_k). Peak memory is the chunk part of the first layer (N x width floats, once) and one of
+    score_corpus's blocks, whatever the number of queries."""
+    return BankRanker.of(model, bank, device).top_k(query_vectors, k, query_batch)
 
 
 def heldout_ie(bank: TopicBank, query_vectors: dict[str, np.ndarray], query_ids: Sequence[str],
@@ -494,14 +514,21 @@ def save_student(model: MCompassStudent, directory: str | Path, info: dict) -> P
     return directory
 
 
+def student_info(directory: str | Path) -> dict:
+    """A saved student's settings file: its architecture and the `info` it was saved with (the hash of the bank
+    it was trained on: `bank_content_hash`); a ValueError when `directory` holds no student."""
+    saved = json.loads((Path(directory) / SETTINGS_FILE).read_text())
+    if saved.get("kind") != KIND:
+        raise ValueError(f"{directory}: not an MCompassRAG student (kind {saved.get('kind')!r})")
+    return saved
+
+
 def load_student(directory: str | Path, device: torch.device = torch.device("cpu")) -> tuple[MCompassStudent, dict]:
     """A saved student in eval mode, and its settings file."""
     from safetensors.torch import load_file
 
     directory = Path(directory)
-    saved = json.loads((directory / SETTINGS_FILE).read_text())
-    if saved.get("kind") != KIND:
-        raise ValueError(f"{directory}: not an MCompassRAG student (kind {saved.get('kind')!r})")
+    saved = student_info(directory)
     settings = StudentSettings(**{**saved["settings"], "hidden": tuple(saved["settings"]["hidden"])})
     model = MCompassStudent(saved["dimension"], saved["topics"], settings)
     model.load_state_dict(load_file(str(directory / WEIGHTS_FILE), device=str(device)))
@@ -591,3 +618,70 @@ def student_runs(bank: TopicBank, query_vectors: dict[str, np.ndarray], folds: S
                 found, scores = retrieve(model, bank, vectors, min(depth, len(bank.chunk_ids)), device)
                 runs.append(run_table(method, evaluated, found, scores, bank.chunk_ids))
     return pd.concat(runs, ignore_index=True) if runs else pd.DataFrame()
+
+
+RETRIEVAL_CORPUS = "retrieval_corpus"  # the run artifact folder beside a registered student's weights
+CORPUS_CHUNKS_FILE = "chunks.parquet"
+CORPUS_CHUNK_COLUMNS = ("chunk_id", "doc_id", "text", "tokens")
+# RetrievalCorpus.encoder_mismatch: the chunks whose embeddings an encoder must reproduce, and how closely (the
+# bank's encoder on another device or precision reproduces them at a cosine near 1, another encoder near 0)
+PROBE_CHUNKS, MIN_PROBE_COSINE = 4, 0.9
+
+
+@dataclass(frozen=True, eq=False)
+class RetrievalCorpus:
+    """What whole-corpus retrieval reads beside a student: the topic bank it was trained on, each bank chunk's
+    document, text and tokens (`chunks`: CORPUS_CHUNK_COLUMNS, row i is bank chunk i), so that a retrieval
+    answers passages and not only ids, and the encoder that embedded the chunks (None: the bank did not record
+    it), which must embed the query. Saved as one folder (`save`): the bank's file, the chunks as Parquet and
+    the encoder's record; a registered student carries it as its run artifact RETRIEVAL_CORPUS."""
+    bank: TopicBank
+    chunks: pd.DataFrame
+    encoder: BankEncoder | None
+
+    def __post_init__(self):
+        if list(self.chunks.columns) != list(CORPUS_CHUNK_COLUMNS):
+            raise ValueError(f"retrieval corpus chunks: expected columns {list(CORPUS_CHUNK_COLUMNS)}, got "
+                             f"{list(self.chunks.columns)}")
+        if self.chunks["chunk_id"].astype(str).tolist() != self.bank.chunk_ids.tolist():
+            raise ValueError("retrieval corpus chunks: expected one row per bank chunk, in the bank's order")
+
+    @classmethod
+    def of(cls, bank: TopicBank, chunks: pd.DataFrame, encoder: BankEncoder | None) -> RetrievalCorpus:
+        """The corpus of `bank` with the rows of `chunks` (the chunks asset's table, any order) it holds; a
+        ValueError naming a bank chunk that `chunks` lacks."""
+        table = chunks.assign(chunk_id=chunks["chunk_id"].astype(str)).set_index("chunk_id")
+        missing = pd.Index(bank.chunk_ids).difference(table.index)
+        if len(missing):
+            raise ValueError(f"chunks: bank chunk {missing[0]!r} (and {len(missing) - 1} more) has no row; expected "
+                             "the chunks the bank was built from")
+        ordered = table.loc[bank.chunk_ids, list(CORPUS_CHUNK_COLUMNS[1:])].reset_index()
+        return cls(bank, ordered.astype({"tokens": "int64"}), encoder)
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        self.bank.save(directory)
+        self.chunks.to_parquet(directory / CORPUS_CHUNKS_FILE, index=False)
+        if self.encoder is not None:
+            self.encoder.save(directory)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> RetrievalCorpus:
+        return cls(TopicBank.load(directory), pd.read_parquet(Path(directory) / CORPUS_CHUNKS_FILE),
+                   BankEncoder.load(directory))
+
+    def encoder_mismatch(self, encode: Callable[[list[str]], np.ndarray]) -> str | None:
+        """Why `encode` (texts -> unit vectors) is not the encoder that embedded the bank, None when it is: its
+        embeddings of the first PROBE_CHUNKS chunks' texts must have the bank's dimension and a cosine of at
+        least MIN_PROBE_COSINE to the bank's own."""
+        expected = self.bank.embeddings[:PROBE_CHUNKS]
+        found = np.asarray(encode(self.chunks["text"].tolist()[:PROBE_CHUNKS]), dtype=np.float64)
+        if found.shape != expected.shape:
+            return (f"it embeds in {found.shape[1] if found.ndim == 2 else '?'} dimensions, the bank's chunks are "
+                    f"embedded in {expected.shape[1]}")
+        cosine = float((found * expected).sum(axis=1).min())
+        if cosine < MIN_PROBE_COSINE:
+            return (f"its embeddings of the bank's first chunks have a cosine of {cosine:.3f} to the bank's own "
+                    f"(expected at least {MIN_PROBE_COSINE})")
+        return None

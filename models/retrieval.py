@@ -93,6 +93,13 @@ def dense_top_k(query_vectors: np.ndarray, chunk_vectors: np.ndarray, k: int,
     return indices, cosines
 
 
+def within_token_budget(chunk_tokens: Sequence[int], token_budget: int) -> int:
+    """How many of the ranked chunks whose token counts these are (in rank order) enter a context of
+    `token_budget` tokens: the chunks in rank order up to the first that does not fit (module docstring), as
+    `evidence_metrics` keeps them."""
+    return int(np.searchsorted(np.cumsum(np.asarray(chunk_tokens, dtype=np.int64)), token_budget, side="right"))
+
+
 def run_table(method: str, query_ids: Sequence[str], indices: np.ndarray, scores: np.ndarray,
               chunk_ids: Sequence[str]) -> pd.DataFrame:
     """RETRIEVAL_RUN of one method from top-k output: row i of `indices` (positions in `chunk_ids`) and

@@ -17,16 +17,8 @@ def paired_comparison(a: pd.Series, b: pd.Series, n_boot: int = 10000, seed: int
     confidence, wins / ties / losses (a > b / a == b / a < b, exact equality), sign_test_p (two-sided
     binomial test on the non-tied queries) and wilcoxon_p (two-sided, zero differences dropped, exact for
     small n as scipy decides). Both p-values are None when every query is a tie: there is nothing to test."""
-    diff = _paired_differences(a, b)
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be a positive number of bootstrap resamples; got {n_boot}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must lie strictly between 0 and 1; got {confidence}")
-    values = diff.to_numpy()
-    resampled = np.random.default_rng(seed).integers(0, len(values), size=(n_boot, len(values)))
-    boot_means = values[resampled].mean(axis=1)
-    tail = (1 - confidence) / 2
-    ci_low, ci_high = np.quantile(boot_means, [tail, 1 - tail])
+    values = _paired_differences(a, b).to_numpy()
+    ci_low, ci_high = _bootstrap_ci(values, n_boot, seed, confidence)
     wins, losses = int((values > 0).sum()), int((values < 0).sum())
     untied = wins + losses
     return {
@@ -43,6 +35,31 @@ def paired_comparison(a: pd.Series, b: pd.Series, n_boot: int = 10000, seed: int
         "sign_test_p": float(stats.binomtest(wins, untied, 0.5).pvalue) if untied else None,
         "wilcoxon_p": float(stats.wilcoxon(values[values != 0]).pvalue) if untied else None,
     }
+
+
+def mean_ci(values: pd.Series, n_boot: int = 10000, seed: int = 0, confidence: float = 0.95) -> dict:
+    """The mean of per-query values with its percentile bootstrap CI over queries (as `paired_comparison`
+    resamples): {n, mean, ci_low, ci_high, confidence}, plain numbers."""
+    array = np.asarray(values, dtype=float)
+    if len(array) == 0 or np.isnan(array).any():
+        raise ValueError(f"mean_ci: expected per-query values without gaps; got {len(array)} values, "
+                         f"{int(np.isnan(array).sum())} missing")
+    ci_low, ci_high = _bootstrap_ci(array, n_boot, seed, confidence)
+    return {"n": len(array), "mean": float(array.mean()), "ci_low": float(ci_low), "ci_high": float(ci_high),
+            "confidence": confidence}
+
+
+def _bootstrap_ci(values: np.ndarray, n_boot: int, seed: int, confidence: float) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of `values`: `n_boot` resamples of the queries drawn from numpy's
+    Generator(seed)."""
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be a positive number of bootstrap resamples; got {n_boot}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1; got {confidence}")
+    resampled = np.random.default_rng(seed).integers(0, len(values), size=(n_boot, len(values)))
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(values[resampled].mean(axis=1), [tail, 1 - tail])
+    return float(low), float(high)
 
 
 def _paired_differences(a: pd.Series, b: pd.Series) -> pd.Series:

@@ -4,7 +4,7 @@ Two HEURISTIC offline stand-ins for the LLM decomposer, neither a method from th
 and cannot ask about facets that no pool sentence states:
 - `grounded_subquestions` clusters the sentences of the query's top pool documents and takes the sentence
   nearest each cluster centre, largest cluster first: facets of the pool, whatever their relation to the
-  question;
+  question. `grounded_decomposition` runs it over every query;
 - `focused_subquestions` picks pool sentences one at a time by relevance to the query and novelty among
   those already picked (maximal marginal relevance over sentences), dropping near-duplicates of each pick:
   facets of the question, as the pool states them. `focused_decomposition` runs it over every query with each
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from sklearn.cluster import KMeans
+
+from covlab.models.encoders import Progress, ProgressReport
 
 SUBQUESTIONS_COLUMNS = ["query_id", "subq_id", "text"]
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'])")
@@ -60,6 +62,27 @@ def grounded_subquestions(query_id: str, query_text: str, pool_texts: list[str],
         chosen.append(sentences[members[int(np.argmin(distances))]])
     return pd.DataFrame({"query_id": query_id, "subq_id": [f"{query_id}/g{i}" for i in range(len(chosen))],
                          "text": chosen})
+
+
+def grounded_decomposition(queries: pd.DataFrame, pool_texts: Mapping[str, Sequence[str]],
+                           embed: Callable[[list[str]], np.ndarray], *, n: int = 10,
+                           max_query_similarity: float = 0.9, seed: int = 0,
+                           progress: Callable[[ProgressReport], None] | None = None) -> pd.DataFrame:
+    """`grounded_subquestions` for every query of `queries` (query_id, text) over its pool documents' texts
+    (`pool_texts`: query_id -> texts, best first), with done/total, rate and ETA in queries sent to `progress`.
+
+    Each query's texts are encoded in a call of their own, the query and its sentences, unlike the focused
+    decomposition's one call per dataset: an encoder's floats move in the last digits with the batch a text
+    shares, and the pick of a two-sentence cluster (both members equidistant from its centre) follows those
+    digits, so one call per dataset would change the subquestions of many queries (in a trial on ArgKP, 15 of
+    62)."""
+    tracker = Progress("grounded subquestions", len(queries), progress, unit="queries")
+    frames = []
+    for query_id, text in zip(queries["query_id"], queries["text"]):
+        frames.append(grounded_subquestions(query_id, text, list(pool_texts.get(query_id, [])), embed, n=n,
+                                            max_query_similarity=max_query_similarity, seed=seed))
+        tracker.update(1)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SUBQUESTIONS_COLUMNS)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ that a reader can tell what the topics are.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from sklearn.feature_extraction.text import CountVectorizer
 from covlab.models.versions import arrays_digest
 
 BANK_FILE = "topic_bank.npz"
+ENCODER_FILE = "encoder.json"  # beside the bank: the BankEncoder that embedded its chunks
 # KMeans restarts: more than scikit-learn's single k-means++ run, so that one unlucky seeding does not
 # merge two topics, while K = 100 on a large corpus still fits in seconds.
 KMEANS_RESTARTS = 4
@@ -248,6 +250,34 @@ class TopicBank:
         with np.load(file, allow_pickle=False) as arrays:
             return cls(chunk_ids=arrays["chunk_ids"], embeddings=arrays["embeddings"], centroids=arrays["centroids"],
                        theta=arrays["theta"], top_m=int(arrays["top_m"]))
+
+
+@dataclass(frozen=True)
+class BankEncoder:
+    """The encoder that embedded a bank's chunks, which must also embed a query scored against them: a Hugging
+    Face path or name ("": the packaged MiniLM, models/encoders.default_base_model) and the tokens it read of
+    each text. Kept beside the bank (`save`) because neither the bank's arrays nor its hash name it."""
+    model: str
+    max_length: int
+
+    def path(self) -> str:
+        """What models/biencoder.load_first_stage loads."""
+        from covlab.models.encoders import default_base_model
+
+        return self.model or default_base_model()
+
+    def save(self, directory: str | os.PathLike) -> None:
+        Path(directory, ENCODER_FILE).write_text(json.dumps({"model": self.model, "max_length": self.max_length},
+                                                            sort_keys=True))
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike) -> BankEncoder | None:
+        """The encoder saved beside a bank; None for a bank folder written before banks recorded it."""
+        file = Path(directory) / ENCODER_FILE
+        if not file.is_file():
+            return None
+        saved = json.loads(file.read_text())
+        return cls(str(saved["model"]), int(saved["max_length"]))
 
 
 def build_bank(chunk_ids: Sequence[str], texts: Sequence[str], embeddings: np.ndarray, model: TopicModel,

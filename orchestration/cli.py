@@ -115,6 +115,7 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
         instance.add_dynamic_partitions(DATASETS.name, [dataset])
     selection = [AssetKey.from_user_string(s) for s in select] if select else None
     resources = default_resources()
+    refuse_config_of_configless_ops(config or {}, ASSETS, resources)
     run_config = with_resource_settings(resources, {"loggers": {"console": {"config": {"log_level": "INFO"}}},
                                                     **(config or {})})
     log_to_console()
@@ -192,6 +193,7 @@ def summarize(result, seconds: float) -> str:
 def audit_command(args) -> int:
     """Print each figure asked for, the branch of its report's lineage that produced it (--full: the whole
     lineage with its detail lines) and what that branch cost; --json: the same in full detail."""
+    from covlab.models.registry import METHOD
     from covlab.orchestration.definitions import ASSETS, default_resources
     from covlab.resources.lineage import (StepClock, audit_figures, branch_nodes, lineage_cost, off_branch,
                                           render_branch, render_text)
@@ -199,6 +201,9 @@ def audit_command(args) -> int:
     instance, results = _instance(), default_resources()["results"]
     figures, earlier = _requested_figures(args, instance, results)
     audits, clock = audit_figures(instance, figures), StepClock(instance)
+    for audit in audits:
+        for figure in audit["figures"]:
+            figure.update(_figure_context(figure, results, audit["branch"]))
     for audit in audits:  # what is shown: the figures' branch, or the whole lineage (--full, or no branch recorded)
         audit["shown"] = None if args.full else audit["branch"]
         audit["cost"] = lineage_cost(instance, branch_nodes(audit["shown"] or audit["lineage"], [audit["lineage"]]),
@@ -212,7 +217,13 @@ def audit_command(args) -> int:
         for figure in audit["figures"]:
             where = ", ".join(f"{k}={figure[k]}" for k in ("dataset", "method", "split", "metric", "budget", "k",
                                                           "query_id") if figure.get(k) is not None)
-            print(f"{figure['value']:.6f}  {where}")
+            print(f"{figure['value']:.6f}  {where}"
+                  + (f'  ("{METHOD[figure["method"]].label}" in the report)' if figure["method"] in METHOD else ""))
+            if "n" in figure:
+                print(f"  the mean over n={figure['n']} queries, 95% CI [{figure['ci_low']:.4f}, "
+                      f"{figure['ci_high']:.4f}] (bootstrap over queries)")
+            if figure.get("decisions"):
+                print(f"  selected by: {figure['decisions']}")
         if args.full:
             print(render_text([lineage]))
         else:
@@ -231,6 +242,28 @@ def audit_command(args) -> int:
         print(f"({earlier} earlier materialization{'s' if earlier != 1 else ''} of the same report figures not "
               "shown; --all audits them too)")
     return 0
+
+
+def _figure_context(figure: dict, results, branch) -> dict:
+    """What a stored figure rests on: for a mean over queries, n and the 95% bootstrap CI of its per-query values
+    in the same report materialization; for a selection on estimated coverage, its gate and blend decisions
+    (resources/lineage.py `selection_decisions`)."""
+    from covlab.models.statistics import mean_ci
+    from covlab.resources.lineage import selection_decisions
+
+    found = {}
+    if figure.get("query_id") is None:
+        rows = results.figures(dataset=figure["dataset"], method=figure["method"], metric=figure["metric"],
+                               budget=figure.get("budget"), k=figure.get("k"), split=figure.get("split"),
+                               materialization_id=figure["materialization_id"])
+        per_query = rows.loc[rows["query_id"].notna(), "value"]
+        if len(per_query):
+            interval = mean_ci(per_query)
+            found.update(n=interval["n"], ci_low=interval["ci_low"], ci_high=interval["ci_high"])
+    decisions = selection_decisions(branch, figure["method"], figure.get("budget"))
+    if decisions:
+        found["decisions"] = decisions
+    return found
 
 
 def _requested_figures(args, instance, results):
@@ -455,6 +488,23 @@ def read_run_config(path: str) -> dict:
     return config
 
 
+def refuse_config_of_configless_ops(run_config: dict, assets, resources: dict) -> None:
+    """UsageError for settings given under `ops:` to an asset that takes no config, which Dagster accepts and
+    ignores: it names the asset, the settings and the resources that hold them (e.g. prune_top_m:
+    estimator_scoring), so that a setting kept in a resource is never silently left out of a run."""
+    from dagster import AssetsDefinition, ConfigurableResource
+
+    configless = {a.node_def.name for a in assets
+                  if isinstance(a, AssetsDefinition) and a.op.config_field.config_type.key == "Any"}
+    for op, entry in (run_config.get("ops") or {}).items():
+        given = entry.get("config") if isinstance(entry, dict) else None
+        if op in configless and isinstance(given, dict) and given:
+            homes = [f"{name}: resources.{key}.config" for name in given for key, resource in resources.items()
+                     if isinstance(resource, ConfigurableResource) and name in type(resource).model_fields]
+            raise UsageError(f"ops.{op}.config: {op} takes no config (given: {', '.join(given)})"
+                             + (f"; set {', '.join(homes)} instead" if homes else ""))
+
+
 def slots_command(args) -> int:
     """`covlab slots list`: the runs holding or waiting for concurrency-pool slots; `covlab slots free`:
     free the slots of runs that are over or whose process is gone, and of the runs given with --run."""
@@ -503,26 +553,31 @@ def serve_command(args) -> int:
         raise UsageError(f"--{str(exc).replace('_', '-')}") from None
     if not (math.isfinite(args.poll_seconds) and args.poll_seconds >= 0):
         raise UsageError(f"--poll-seconds {args.poll_seconds}: expected a finite number >= 0 (0: do not poll)")
+    if not (math.isfinite(args.shutdown_seconds) and args.shutdown_seconds >= 0):
+        raise UsageError(f"--shutdown-seconds {args.shutdown_seconds}: expected a finite number >= 0")
     try:
         serve(ServeSettings(tuple(args.method or ()), args.dataset, args.alias, args.tracking_uri, args.host,
-                            args.port, args.poll_seconds, args.device, limits))
+                            args.port, args.poll_seconds, args.device, limits, args.shutdown_seconds))
     except ServingError as exc:
         raise UsageError(str(exc)) from None
     return 0
 
 
 def _serve_parser(commands) -> None:
-    from covlab.serving.http import DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, Limits
+    from covlab.serving.http import DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, DEFAULT_SHUTDOWN_SECONDS, Limits
 
     limits = Limits()
     serve = commands.add_parser(
-        "serve", help="the registry's selectors over HTTP (POST /v1/select, GET /v1/methods, /docs)",
-        description="Serve covlab.serving's selectors over HTTP (serving/http.py), following the registry: a "
-                    "method whose model alias moves is reloaded and swapped in without a restart.")
+        "serve", help="the registry's selectors and corpus retriever over HTTP (POST /v1/select, POST /v1/retrieve, "
+                      "GET /v1/methods, /docs)",
+        description="Serve covlab.serving's selectors and, with --dataset, its corpus retriever over HTTP "
+                    "(serving/http.py), following the registry: a method whose model alias moves is reloaded and "
+                    "swapped in without a restart.")
     serve.add_argument("--method", action="append", metavar="M",
                        help="a method to serve (repeatable; default: every servable method that needs no trained "
                             "model, and with --dataset those that do, as far as their models are registered)")
-    serve.add_argument("--dataset", help="the dataset whose trained models (covlab.<dataset>.<selector>) to load")
+    serve.add_argument("--dataset", help="the dataset whose trained models (covlab.<dataset>.<selector>) to load, and "
+                                         "whose corpus POST /v1/retrieve ranks (its mcompass_student's)")
     serve.add_argument("--alias", default="champion", help="the alias the trained models are loaded by (default "
                                                            "champion)")
     serve.add_argument("--tracking-uri", help="MLflow tracking and registry URI (default: COVLAB_MLFLOW_TRACKING_URI, "
@@ -532,6 +587,9 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
                        help=f"how often to check the aliases (default {DEFAULT_POLL_SECONDS:g}; 0: never)")
     serve.add_argument("--device", default="cpu", help="torch device of the encoders (default cpu)")
+    serve.add_argument("--shutdown-seconds", type=float, default=DEFAULT_SHUTDOWN_SECONDS,
+                       help=f"on SIGTERM or Ctrl-C, how long the requests in flight may take to finish before they "
+                            f"are cancelled and the process exits (default {DEFAULT_SHUTDOWN_SECONDS:g})")
     serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
                        help=f"largest request body (default {limits.max_body_bytes}); larger: 413")
     serve.add_argument("--max-candidates", type=int, default=limits.max_candidates,

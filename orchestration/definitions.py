@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
-from dagster import (AssetSelection, ConfigurableIOManagerFactory, ConfigurableResource, Definitions, EnvVar,
-                     define_asset_job)
+from dagster import (AssetSelection, AssetSpec, BetaWarning, CodeReferencesMetadataValue, ConfigurableIOManagerFactory,
+                     ConfigurableResource, Definitions, EnvVar, LocalFileCodeReference, define_asset_job,
+                     map_asset_specs, with_source_code_references)
 
 from covlab.assets.answers import answer_report, answers
 from covlab.assets.budgeted import (BUDGETED_SELECTION_ASSETS, comparison_report, item_embeddings, lmvu_ranker,
@@ -27,23 +29,44 @@ from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_ree
 from covlab.orchestration.distributed import distributed_jobs
 from covlab.orchestration.settings import DEMO_CONFIG, covlab_home, dataset_registry, mlflow_tracking_uri
 from covlab.resources.artifacts import ArtifactStore
-from covlab.resources.device import DeviceResource
+from covlab.resources.device import MEASURED_SOURCES, DeviceResource
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import LocalTableIOManager
 from covlab.resources.lineage import use_code_location_assets
 from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
 from covlab.resources.results_store import ResultsStore
+from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
 
+# The metadata entry of an asset's links to its source code (the UI's "Code references").
+CODE_REFERENCES = "dagster/code_references"
+
+
+def with_code_references(assets: list) -> list:
+    """Each asset with a link to the function that computes it: Dagster's `with_source_code_references`, except
+    for compute functions `reports_peak_rss` wraps, whose link names the function's own file and line (Dagster's
+    pairs the wrapper's file, resources/device.py, with the wrapped function's line)."""
+    def own_source(spec: AssetSpec) -> AssetSpec:
+        if spec.key.to_user_string() not in MEASURED_SOURCES:
+            return spec
+        path, line = MEASURED_SOURCES[spec.key.to_user_string()]
+        return spec.replace_attributes(metadata={**spec.metadata, CODE_REFERENCES: CodeReferencesMetadataValue(
+            code_references=[LocalFileCodeReference(file_path=path, line_number=line)])})
+
+    with warnings.catch_warnings():  # code references are beta in Dagster 1.13: that warning, here only
+        warnings.simplefilter("ignore", BetaWarning)
+        return map_asset_specs(own_source, with_source_code_references(assets))
+
+
 # The evaluation assets (the reports and what they read) carry the nightly's automation condition.
-ASSETS = with_nightly_condition([
+ASSETS = with_code_references(with_nightly_condition([
     dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
     coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
     *SELECTION_ASSETS, coverage_report, model_promotions, item_embeddings, token_counts, lmvu_ranker,
     *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
     # checks ride along: every materialization of their asset runs them
-    *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS])
+    *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS]))
 
 use_code_location_assets(ASSETS)  # what a running report's lineage reads config defaults and pools from
 
@@ -80,6 +103,7 @@ def default_resources(home: Path | None = None) -> dict:
             artifact_root=env("COVLAB_MLFLOW_ARTIFACT_ROOT") or str(home / "mlflow" / "artifacts")),
         "results": ResultsStore(url=env("COVLAB_RESULTS_URL") or f"sqlite:///{home}/results/results.db"),
         "evaluation": EvaluationResource(),
+        "estimator_scoring": EstimatorScoring(),
     }
 
 

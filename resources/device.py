@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import inspect
 import resource
 import warnings
 from pathlib import Path
@@ -76,6 +77,9 @@ def gpu_step() -> dict:
 
 
 PEAK_RSS = "peak_rss_mib"  # metadata entry of every step measured by `reports_peak_rss`
+# Where each compute function that `reports_peak_rss` wraps is defined, by function name (its asset's key): file
+# and first line. The wrapper's own code lives in this file, so a code reference read off it would point here.
+MEASURED_SOURCES: dict[str, tuple[str, int]] = {}
 
 
 def reset_peak_rss() -> bool:
@@ -111,6 +115,8 @@ def reports_peak_rss(compute):
     """Decorate a heavy asset's compute function (under `@asset`): its Output gains `peak_rss_mib`, the
     process's peak RSS while it ran. In-process runs execute steps one after another in one process, so
     the peak is reset at the start of each step; `peak_rss_scope` says when that was impossible."""
+    MEASURED_SOURCES[compute.__name__] = (inspect.getsourcefile(compute), inspect.getsourcelines(compute)[1])
+
     @functools.wraps(compute)
     def measured(*args, **kwargs):
         scope = "step" if reset_peak_rss() else "process"

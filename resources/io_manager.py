@@ -7,11 +7,12 @@ Beside each stored value a sidecar (`<partition>.parquet.written.json`) says whi
 and the SHA-256 of its bytes; the materialization carries the same hash as `content_sha256`. A load whose
 bytes do not have that hash (the file was rewritten or edited after its run wrote it) fails the loading
 step, naming the file, both hashes and the writer run, unless `accept_modified` is set. Every load
-records what it read — asset key, partition, the run that wrote it and the SHA-256 of the bytes read — as
-an asset observation in the loading run (`LOAD_RECORD` metadata), with the content version of the value
-read (`LOADED_VERSION`). The lineage audit resolves each input of
-a materialization from these records, never from Dagster's input-event pointer, which names the latest
-materialization of the upstream key in any partition.
+records what it read — asset key, partition, the run that wrote it and the SHA-256 of the bytes read — with
+the content version of the value read (`LOADED_VERSION`), and the step's materializations carry the records
+of all its loads (`LOAD_RECORD` metadata). The lineage audit resolves each input of a materialization from
+these records, never from Dagster's input-event pointer, which names the latest materialization of the
+upstream key in any partition. The records ride on the materialization rather than being asset observations
+of the inputs: one observation per load would bury each upstream asset's materializations in the UI.
 
 The root is a local or shared (mounted) folder, or an fsspec URL of object storage (`s3://bucket/covlab`,
 `gs://...`; the filesystem's package must be installed): every worker of a distributed deployment then
@@ -36,7 +37,7 @@ from pydantic import Field
 from covlab.models.versions import content_version
 from covlab.resources.model_store import RECORD_TYPE, TRAINED_MODEL, TrainedModel
 
-# Metadata key of a load record (an asset observation of the input, emitted by the loading step).
+# Metadata key, on a materialization, of the load records of the step that made it: what it read, per input.
 LOAD_RECORD = "covlab/loaded"
 # Metadata key of the stored bytes' hash on every materialization this IO manager stores.
 CONTENT_HASH = "content_sha256"
@@ -160,6 +161,30 @@ class StoredValueModified(RuntimeError):
     """A stored value's bytes differ from what the run that wrote it recorded."""
 
 
+class StepLoads:
+    """The load records of the step running in this process, from its input loads to its outputs.
+
+    A step loads all its inputs before its compute function runs and stores its outputs after, in one process:
+    the multiprocess executor gives each step a process of its own, the in-process executor runs steps one at
+    a time. So the records of the step now running are the only ones needed; a load by another op starts
+    afresh, and an output of an op that loaded nothing here gets none."""
+
+    def __init__(self):
+        self._op: str | None = None
+        self._records: dict[str, dict] = {}
+
+    def add(self, op: str, record: dict) -> None:
+        if op != self._op:
+            self._op, self._records = op, {}
+        self._records[record["asset_key"]] = record
+
+    def of(self, op: str) -> list[dict]:
+        return [self._records[key] for key in sorted(self._records)] if op == self._op else []
+
+
+STEP_LOADS = StepLoads()
+
+
 class LocalTableIOManager(ConfigurableIOManager):
     """DataFrames -> `<base>/<asset key>/<partition>.parquet`; dicts, lists and trained models (their records)
     -> `.json` beside them."""
@@ -213,7 +238,9 @@ class LocalTableIOManager(ConfigurableIOManager):
                    "run_id": context.run_id, "step_key": context.step_key, CONTENT_HASH: digest}
         self._write(path.with_name(path.name + SIDECAR_SUFFIX),
                     json.dumps(written, indent=2, sort_keys=True).encode("utf-8"))
-        context.add_output_metadata({"stored_at": str(path), CONTENT_HASH: digest})
+        loads = STEP_LOADS.of(context.op_def.name)
+        context.add_output_metadata({"stored_at": str(path), CONTENT_HASH: digest,
+                                     **({LOAD_RECORD: MetadataValue.json(loads)} if loads else {})})
 
     def load_input(self, context: InputContext) -> Any:
         folder, partition = self._folder(context)
@@ -236,10 +263,9 @@ class LocalTableIOManager(ConfigurableIOManager):
                                           "the IO manager's accept_modified to read it anyway")
             context.log.warning(f"{problem}; read anyway (accept_modified)")
         value = decode(path, data)
-        context.add_input_metadata({LOAD_RECORD: MetadataValue.json({
+        STEP_LOADS.add(context.op_def.name, {
             "asset_key": context.asset_key.to_user_string(),
             "partition": partition if context.has_asset_partitions else None, "written_by_run": written.get("run_id"),
             CONTENT_HASH: digest, LOADED_VERSION: content_version(value), "path": str(path),
-            **({"modified": True} if modified else {})})},
-            description="what this step read, for the lineage audit")
+            **({"modified": True} if modified else {})})
         return value

@@ -43,6 +43,10 @@ SHAPING = ("config", "settings", "format", "path", "source_files", "model_uri", 
 # method's rows, {method: [asset key, ...]}, and the cost of the lineage of its inputs (Cost.to_dict()).
 METHOD_INPUTS = "method_inputs"
 COST = "cost"
+# Metadata entries of a selection on estimated coverage (models/trust.py Decision, models/runs.py MethodRun):
+# the estimator gate, whether it fell back to relevance order, and the blend weight chosen on the tune split
+# (a k selection: `blend` is its evidence; a budgeted one: {budget: evidence}).
+DECISIONS = ("estimator_gate", "fell_back", "blend")
 LLM_USAGE = "llm_usage"  # an LLM step's share of LLMResource.take_usage()
 
 
@@ -62,6 +66,7 @@ class LineageNode:
     method_inputs: dict | None = None  # a report's METHOD_INPUTS
     llm_usage: dict | None = None  # what the step's LLM calls took (LLM_USAGE)
     training: dict = field(default_factory=dict)  # a trained asset's TrainingSummary counts (_training)
+    decisions: dict = field(default_factory=dict)  # a selection's gate and blend choice (DECISIONS)
     stale: str | None = None  # why the number may be out of date: a newer materialization of this asset
     gap: str | None = None  # a record that should exist and does not
     changed: str | None = None  # the files it recorded differ on disk now (mark_changed: `covlab audit` only)
@@ -170,7 +175,6 @@ class LineageWalker:
         self._seen: set[int] = set()
         self._records: dict[int, object] = {}
         self._latest: dict[tuple[str, str | None], object] = {}
-        self._observations: dict[str, list] = {}
         self._written: dict[tuple[str, str | None, str], object] = {}
 
     def node(self, record) -> LineageNode:
@@ -185,7 +189,8 @@ class LineageWalker:
             step_key=record.event_log_entry.step_key,
             method_inputs=metadata_value(mat.metadata[METHOD_INPUTS]) if METHOD_INPUTS in mat.metadata else None,
             llm_usage=metadata_value(mat.metadata[LLM_USAGE]) if LLM_USAGE in mat.metadata else None,
-            training=_training(mat.metadata))
+            training=_training(mat.metadata),
+            decisions={k: metadata_value(mat.metadata[k]) for k in DECISIONS if k in mat.metadata})
         latest = self._latest_of(key, partition)
         latest_version = (latest.asset_materialization.tags or {}).get(DATA_VERSION_TAG) if latest else None
         if latest is not None and latest.storage_id != record.storage_id and latest_version != node.data_version:
@@ -207,19 +212,12 @@ class LineageWalker:
                 node.inputs.append(self._pointed_input(upstream, pointers.get(upstream), partition))
         return node
 
-    def _loads(self, record) -> dict[str, dict]:
-        """The load records the step behind `record` left in its run: {upstream asset key: record}."""
-        step = record.event_log_entry.step_key
-        loads = {}
-        if record.run_id not in self._observations:
-            self._observations[record.run_id] = list(self.instance.get_records_for_run(
-                record.run_id, of_type=DagsterEventType.ASSET_OBSERVATION).records)
-        for event in self._observations[record.run_id]:
-            observation = event.asset_observation
-            if event.event_log_entry.step_key == step and observation and LOAD_RECORD in observation.metadata:
-                load = metadata_value(observation.metadata[LOAD_RECORD])
-                loads[load["asset_key"]] = load
-        return loads
+    @staticmethod
+    def _loads(record) -> dict[str, dict]:
+        """The load records the step behind `record` left on it: {upstream asset key: record}."""
+        metadata = record.asset_materialization.metadata
+        return {load["asset_key"]: load for load in metadata_value(metadata[LOAD_RECORD])} \
+            if LOAD_RECORD in metadata else {}
 
     def _loaded_input(self, upstream: str, load: dict, partition: str | None) -> LineageNode:
         """The materialization a load record names: the writer run's event for that key and partition."""
@@ -429,6 +427,30 @@ def report_branch(report: LineageNode, methods: Iterable[str]) -> LineageNode | 
         return None
     keys = {key for method in methods for key in recorded[method]}
     return replace(report, inputs=[node for node in report.inputs if node.asset_key in keys])
+
+
+def selection_decisions(branch: LineageNode | None, method: str, budget: int | None) -> str | None:
+    """In words, what decided the selections behind a figure of `method` (at `budget`, for a budgeted one): the
+    estimator gate and either the fall back to relevance order or the blend weight chosen on the tune split, with
+    the tune split's score of that weight and of the fallback order (weight 0); None when the figure's selection
+    recorded no decision (a method not on estimated coverage) or the report recorded no method_inputs."""
+    if branch is None:
+        return None
+    keys = set((branch.method_inputs or {}).get(method, []))
+    decided = next((node.decisions for node in branch.inputs if node.asset_key in keys and node.decisions), None)
+    if decided is None:
+        return None
+    words = [f"estimator gate: {decided.get('estimator_gate')}"]
+    blend = decided.get("blend")
+    if isinstance(blend, dict) and "weight" not in blend:  # a budgeted selection: one choice per budget
+        blend = blend.get(str(budget))
+    if decided.get("fell_back"):
+        words.append("fell back to relevance order")
+    elif isinstance(blend, dict):
+        words.append(f"blend weight {blend['weight']:g} with relevance order, chosen on {blend['split']} "
+                     f"(n={blend['queries']}) by {blend['metric']}: {blend['chosen_score']:.3f} vs "
+                     f"{blend['fallback_score']:.3f} for the fallback order")
+    return "; ".join(words)
 
 
 def _identity(node: LineageNode) -> tuple:

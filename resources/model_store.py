@@ -33,6 +33,12 @@ SELECTION_TAG_PREFIX = "covlab.selection."
 SERVING_LOADER = "covlab.serving.pyfunc"
 REQUEST_COLUMNS = ("query", "candidates", "budget_tokens", "k")
 ANSWER_COLUMNS = ("ids", "tokens", "selection")
+# Tag of a version that carries a folder beside its weights, as a run artifact of its run (`ModelStore.attach`):
+# the prefix, then the folder's artifact path; the value is the folder's directory_hash, which
+# `download_attached` verifies.
+ATTACHED_TAG_PREFIX = "covlab.attached."
+# The alias every newly registered version takes (TrackingResource.candidate_alias's default): the newest version.
+CANDIDATE_ALIAS = "candidate"
 # Key of a registered model's asset value (assets/model_registry.py) holding that hash, and the metadata entry
 # of a trained asset that records its local weights folder ({"path": ..., WEIGHTS_HASH: ...}).
 WEIGHTS_HASH, WEIGHTS_METADATA = "content_hash", "weights"
@@ -179,6 +185,17 @@ class ModelStore:
         version = self.client().get_model_version(name, str(aliases[alias]))
         return version_ref(version, aliases_of(aliases, int(version.version)))
 
+    def registered(self, like: str) -> list[str]:
+        """The registered model names matching SQL LIKE pattern `like` (e.g. covlab.%.mcompass_student), sorted."""
+        client, found, token = self.client(), [], None
+        while True:
+            page = client.search_registered_models(f"name LIKE '{like}'", page_token=token)
+            found.extend(model.name for model in page)
+            token = page.token
+            if not token:
+                break
+        return sorted(found)
+
     def versions(self, name: str) -> list[ModelVersionRef]:
         """Every version of `name` with its tags and aliases, oldest first; [] when it is not registered."""
         aliases = self.aliases(name)
@@ -199,26 +216,51 @@ class ModelStore:
         or in a new temporary folder. Downloaded beside the target, verified against `content_hash` (default:
         the version's CONTENT_HASH_TAG, when it has one) and only then renamed into place: weights that differ
         raise WeightsChanged naming both hashes and are not kept."""
+        return self._verified_download(ref, ref.source, "weights", dst, artifact_path,
+                                       content_hash or ref.tags.get(CONTENT_HASH_TAG))
+
+    def attach(self, ref: ModelVersionRef, folder: str | Path, artifact_path: str) -> str:
+        """Log `folder` as run artifact `artifact_path` of the version's run, beside its weights (which keep their
+        content hash), and tag the version with the folder's directory_hash under ATTACHED_TAG_PREFIX; returns
+        that hash, which `download_attached` verifies."""
+        if ref.run_id is None:
+            raise KeyError(f"{ref.uri} has no MLflow run to attach {artifact_path!r} to")
+        digest = directory_hash(folder)
+        client = self.client()
+        client.log_artifacts(ref.run_id, str(folder), artifact_path)
+        client.set_model_version_tag(ref.name, str(ref.version), ATTACHED_TAG_PREFIX + artifact_path, digest)
+        return digest
+
+    def download_attached(self, ref: ModelVersionRef, artifact_path: str, dst: Path | None = None) -> Path:
+        """The folder `attach` logged beside the version's weights, verified against the hash its tag records
+        and downloaded as `download` downloads the weights; a KeyError when the version carries none."""
+        digest = ref.tags.get(ATTACHED_TAG_PREFIX + artifact_path)
+        if digest is None or ref.run_id is None:
+            raise KeyError(f"{ref.uri} carries no {artifact_path!r} folder beside its weights")
+        return self._verified_download(ref, f"runs:/{ref.run_id}/{artifact_path}", artifact_path, dst, artifact_path,
+                                       digest)
+
+    def _verified_download(self, ref: ModelVersionRef, source: str, what: str, dst: Path | None, name: str,
+                           expected: str | None) -> Path:
         import mlflow.artifacts
 
         if dst is None:
-            dst = Path(tempfile.mkdtemp(prefix=f"covlab-{ref.name}-v{ref.version}-")) / artifact_path
+            dst = Path(tempfile.mkdtemp(prefix=f"covlab-{ref.name}-v{ref.version}-")) / name
         target = Path(dst)
         if target.exists() and any(target.iterdir()):
-            raise FileExistsError(f"{target}: not empty; expected an absent or empty folder for the weights "
+            raise FileExistsError(f"{target}: not empty; expected an absent or empty folder for the {what} "
                                   f"of {ref.uri}")
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as work:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=ref.source, dst_path=work,
+            local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=work,
                                                         tracking_uri=self.tracking_uri,
                                                         registry_uri=self.registry_uri)
             if target.exists():
                 target.rmdir()
             for added in MLFLOW_FILES:  # MLflow's metadata, not the weights
                 Path(local, added).unlink(missing_ok=True)
-            expected = content_hash or ref.tags.get(CONTENT_HASH_TAG)
             if expected is not None and directory_hash(local) != expected:
-                raise WeightsChanged(f"{ref.uri}: the weights downloaded from {ref.source} have content hash "
+                raise WeightsChanged(f"{ref.uri}: the {what} downloaded from {source} have content hash "
                                  f"{directory_hash(local)}, not the {expected} recorded at registration; the "
                                  "MLflow artifacts were changed after registration, so they were not kept")
             os.replace(local, target)

@@ -145,14 +145,16 @@ class ResultsStore(ConfigurableResource):
 
     def figures(self, dataset: str | None = None, method: str | None = None, metric: str | None = None,
                 budget: int | None = None, k: int | None = None, split: str | None = None,
-                aggregate_only: bool = False, confirmed_only: bool = False) -> pd.DataFrame:
+                aggregate_only: bool = False, confirmed_only: bool = False,
+                materialization_id: int | None = None) -> pd.DataFrame:
         """Stored figures matching every given filter (None: any), oldest materialization first;
         `aggregate_only` keeps the rows over all queries (query_id null), `confirmed_only` those of
-        confirmed report materializations."""
+        confirmed report materializations, `materialization_id` those of one report materialization."""
         query = _figures_query(confirmed_only)
         for column, wanted in ((ReportFigure.dataset, dataset), (ReportFigure.method, method),
                                (ReportFigure.metric, metric), (ReportFigure.budget, budget),
-                               (ReportFigure.k, k), (ReportFigure.split, split)):
+                               (ReportFigure.k, k), (ReportFigure.split, split),
+                               (ReportFigure.materialization_id, materialization_id)):
             if wanted is not None:
                 query = query.where(column == wanted)
         if aggregate_only:

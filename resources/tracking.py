@@ -1,11 +1,13 @@
 """Trained selectors as MLflow registered model versions.
 
 A training opens its MLflow run before it starts (`training_run`), so the run's start and duration are the
-training's; the trainer logs each epoch's figures as metric steps while it runs, and a failure ends the run
-as FAILED. The weights directory a model's `save_pretrained` wrote (safetensors, config, tokenizer files) is
-logged as run artifacts, byte for byte, so it reloads with any batch size (not torch.export, which fixes the batch
+training's; the trainer logs each epoch's figures as metric steps while it runs (named `epoch/<figure>`, one
+curve each, apart from the run's final figures of the same name, which are those of the epoch kept), and a
+failure ends the run as FAILED. The weights directory a model's `save_pretrained` wrote (safetensors, config,
+tokenizer files) is logged as run artifacts, byte for byte, so it reloads with any batch size (not torch.export, which fixes the batch
 size in MLflow 3.17). The run's parameters, metrics and tags go with it; the version is
-registered under a model name with the same tags and gets the alias `candidate`, which an evaluation may
+registered under a model name with the same tags and a description saying what trained it and its final
+figures, and gets the alias `candidate`, which an evaluation may
 promote to `champion`. Beside the weights goes an MLmodel file with the model's signature (what it reads,
 what number it returns) and an input example, so the version page shows them and
 `mlflow.models.get_model_info` reloads them; `download` leaves those two files out.
@@ -34,9 +36,9 @@ from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
 from covlab.models.versions import directory_hash
-from covlab.resources.model_store import (CONTENT_HASH_TAG, INPUT_EXAMPLE_FILE, MLFLOW_FILES, MLMODEL_FILE,
-                                         SERVING_LOADER, ModelStore, ModelVersionRef, serving_signature,
-                                         version_ref)
+from covlab.resources.model_store import (CANDIDATE_ALIAS, CONTENT_HASH_TAG, INPUT_EXAMPLE_FILE, MLFLOW_FILES,
+                                         MLMODEL_FILE, SERVING_LOADER, ModelStore, ModelVersionRef,
+                                         serving_signature, version_ref)
 from covlab.resources.secrets import SECRET_ENV_PATTERN, contains_secret, environment_secrets
 
 # Parameter and tag names that hold secrets: llm.api_key, apiKey, db.password, hf_token, llm.token (not
@@ -49,6 +51,11 @@ REDACTED = "[redacted]"
 MLFLOW_PORT_ENV, DEFAULT_MLFLOW_PORT = "MLFLOW_PORT", "5000"
 # The tag of a training run naming the Dagster run that trained it (assets/model_registry.py: registration_tags).
 DAGSTER_RUN_TAG = "dagster.run_id"
+# Per-epoch figures are logged as `epoch/<name>` at step = epoch; the final figures keep the bare name.
+EPOCH_METRIC_PREFIX = "epoch/"
+# The MLflow 3 UI opens every page in its GenAI workflow (traces, sessions, judges) unless the URL's query asks
+# for the model-training one, where an experiment opens on its runs: every link covlab gives carries it.
+UI_WORKFLOW_QUERY = "?workflowType=machine_learning"
 
 _LOG = logging.getLogger("covlab.tracking")
 
@@ -64,7 +71,7 @@ class TrackingResource(ConfigurableResource):
                                                         "(a local folder or an artifact URI such as s3://...); "
                                                         "None: the tracking server's default")
     experiment: str = Field("covlab", description="MLflow experiment of the training runs")
-    candidate_alias: str = Field("candidate", description="alias given to every newly registered version")
+    candidate_alias: str = Field(CANDIDATE_ALIAS, description="alias given to every newly registered version")
     weights_artifact_path: str = Field("weights", description="run artifact folder holding the weights files")
     secret_name_pattern: str = Field(SECRET_NAME_PATTERN, description="regular expression for names of "
                                      "parameters and tags whose values are secrets (logged as redacted)")
@@ -159,10 +166,10 @@ class TrackingResource(ConfigurableResource):
         return f"http://127.0.0.1:{os.environ.get(MLFLOW_PORT_ENV) or DEFAULT_MLFLOW_PORT}"
 
     def version_url(self, ref: ModelVersionRef) -> str:
-        """The MLflow UI page of a model version (`ui_base_url`)."""
+        """The MLflow UI page of a model version (`ui_base_url`), in the UI's model-training workflow."""
         from urllib.parse import quote
 
-        return f"{self.ui_base_url()}/#/models/{quote(ref.name, safe='')}/versions/{ref.version}"
+        return f"{self.ui_base_url()}/#/models/{quote(ref.name, safe='')}/versions/{ref.version}{UI_WORKFLOW_QUERY}"
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point `alias` (e.g. champion) at `version` of `name`, moving it from any other version."""
@@ -248,12 +255,13 @@ class TrainingRun:
         self.ended = False
 
     def log_epoch(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Each of `metrics` (name -> number; None skipped) at `step` (the epoch), timestamped now: the
-        curves of the run page."""
+        """Each of `metrics` (name -> number; None skipped) as `epoch/<name>` at `step` (the epoch), timestamped
+        now: the curves of the run page."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(key, value, now, int(step)) for key, value in _numbers(self.name, metrics, True).items()]
+        batch = [Metric(EPOCH_METRIC_PREFIX + key, value, now, int(step))
+                 for key, value in _numbers(self.name, metrics, True).items()]
         if batch:
             self.tracking._client().log_batch(self.run_id, metrics=batch)
 
@@ -263,8 +271,8 @@ class TrainingRun:
         selects contexts (serving/pyfunc.py: the request signature, the serving config, a real request as the
         input example); else a signature reading the columns of `example` (a small DataFrame of real inputs,
         also saved as the input example) and returning one number named `output`. End the run FINISHED;
-        register the weights as a new version of the model with the run's tags and point the candidate alias
-        at it."""
+        register the weights as a new version of the model with the run's tags and a description (what trained
+        it, its final figures) and point the candidate alias at it."""
         from mlflow.entities import Metric
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
@@ -272,7 +280,8 @@ class TrainingRun:
         weights_dir = Path(weights_dir)
         tracking._weights_files(weights_dir, tracking._secret_values())
         now = int(time.time() * 1000)
-        metric_list = [Metric(key, value, now, 0) for key, value in _numbers(self.name, metrics).items()]
+        figures = _numbers(self.name, metrics)
+        metric_list = [Metric(key, value, now, 0) for key, value in figures.items()]
         for start in range(0, len(metric_list), MAX_METRICS_PER_BATCH):
             client.log_batch(self.run_id, metrics=metric_list[start:start + MAX_METRICS_PER_BATCH])
         client.log_artifacts(self.run_id, str(weights_dir), tracking.weights_artifact_path)
@@ -284,7 +293,8 @@ class TrainingRun:
         self.end("FINISHED")
         tracking._ensure_registered_model(self.name)
         version = client.create_model_version(self.name, f"{self.artifact_uri}/{tracking.weights_artifact_path}",
-                                              run_id=self.run_id, tags=self.tags)
+                                              run_id=self.run_id, tags=self.tags,
+                                              description=version_description(self.tags, figures))
         client.set_model_version_tag(self.name, str(version.version), CONTENT_HASH_TAG, directory_hash(weights_dir))
         client.set_registered_model_alias(self.name, tracking.candidate_alias, str(version.version))
         return version_ref(version, (tracking.candidate_alias,))
@@ -347,6 +357,17 @@ def _write_model_metadata(folder: Path, run_id: str, artifact_path: str, example
     model.saved_input_example_info = {"artifact_path": INPUT_EXAMPLE_FILE, "type": "dataframe",
                                       "pandas_orient": "split"}
     model.save(str(folder / MLMODEL_FILE))
+
+
+def version_description(tags: Mapping[str, str], figures: Mapping[str, float]) -> str:
+    """A model version's description on its MLflow page: the Dagster asset, partition and run that trained it
+    (from the run's tags) and its final figures."""
+    made = (f"Trained by the Dagster asset {tags.get('dagster.asset_key', '?')} for dataset "
+            f"{tags.get('dagster.partition', '?')} in run {tags.get(DAGSTER_RUN_TAG, '?')}")
+    if "git.commit" in tags:
+        made += f" at commit {tags['git.commit'][:12]}"
+    numbers = ", ".join(f"{key} {value:.4g}" for key, value in sorted(figures.items()))
+    return f"{made}. Final figures: {numbers}." if numbers else f"{made}."
 
 
 def _numbers(name: str, metrics: Mapping[str, Any], skip_none: bool = False) -> dict[str, float]:

@@ -179,11 +179,11 @@ class ServedSelection:
 
 class Encoder:
     """A bi-encoder (models/biencoder.load_first_stage) loaded on first use, shared by threads (one lock); it
-    reads the first `max_tokens` tokens of a text."""
-    max_tokens = ENCODER_TOKENS
+    reads the first `max_length` tokens of a text with its [CLS] and [SEP], `max_tokens` of the text itself."""
 
-    def __init__(self, model: str, device: str = "cpu"):
-        self.model, self.device = model, device
+    def __init__(self, model: str, device: str = "cpu", max_length: int = ITEM_EMBEDDING_MAX_LENGTH):
+        self.model, self.device, self.max_length = model, device, max_length
+        self.max_tokens = max_length - 2  # less the [CLS] and [SEP], as ENCODER_TOKENS
         self._encode: Callable[[list[str]], np.ndarray] | None = None
         self._lock = threading.Lock()
 
@@ -195,7 +195,7 @@ class Encoder:
                 from covlab.models.biencoder import load_first_stage
 
                 self._encode = load_first_stage(self.model, batch_size=ITEM_EMBEDDING_BATCH,
-                                                max_length=ITEM_EMBEDDING_MAX_LENGTH,
+                                                max_length=self.max_length,
                                                 device=torch.device(self.device))
             return np.asarray(self._encode(texts), dtype=float)
 
@@ -215,6 +215,11 @@ class ContextSelector:
         self.blend_weights = dict(blend_weights or {})
         self.provenance = tuple(provenance)
         self._count_lock = threading.Lock()
+
+    def describe(self) -> dict:
+        """What /v1/methods shows of a loaded selector (its model versions are added there)."""
+        return {"method": self.method.name, "label": self.method.label, "description": self.method.description,
+                "trained_models": needed_models(self.method)}
 
     def select(self, query: str, candidates: Sequence, budget: Budget, *, query_embedding=None,
                subquestions: Sequence[str] | None = None, blend_weight: float | None = None) -> ServedSelection:
@@ -355,7 +360,7 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
         raise ServingError(f"dataset: {method} needs its trained {', '.join(needs)} of a dataset; name the dataset")
     store = model_store(tracking_uri)
     folder = Path(cache) if cache is not None else covlab_home() / "serving"
-    loaded = {name: _version(store, dataset, name, alias, folder) for name in needs}
+    loaded = {name: registered_version(store, dataset, name, alias, folder) for name in needs}
     encoder = Encoder(loaded["coverage_biencoder"][1] if "coverage_biencoder" in loaded else default_base_model(),
                       device)
     kwargs: dict = {}
@@ -402,7 +407,8 @@ def _orders_by_coverage_biencoder(entry: Method) -> bool:
             and entry.coverage is Coverage.NONE)
 
 
-def _version(store: ModelStore, dataset: str, selector: str, alias: str, cache: Path) -> tuple[ModelVersionRef, Path]:
+def registered_version(store: ModelStore, dataset: str, selector: str, alias: str,
+                       cache: Path) -> tuple[ModelVersionRef, Path]:
     """The version of covlab.<dataset>.<selector> with `alias` and its files (downloaded once into `cache`)."""
     name = f"covlab.{dataset}.{selector}"
     ref = store.version_for_alias(name, alias)

@@ -162,13 +162,26 @@ def nightly():
 
 
 @pytest.fixture(scope="session")
-def demo_home(tmp_path_factory):
-    """`make demo` exactly as the README says, into a fresh COVLAB_HOME, once per session; its output (stdout and
-    stderr, as a terminal shows them). Tests that change the home work on a copy of it."""
+def demo_mlflow_port() -> int:
+    """The port the demo is told its MLflow UI runs on (`make demo MLFLOW_PORT=...`, as the README allows): a free
+    one, never the default 5000, so that a link still fixed to the default fails the browser test."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory, demo_mlflow_port):
+    """`make demo` exactly as the README says, into a fresh COVLAB_HOME, once per session, with the MLflow UI's port
+    set (`demo_mlflow_port`); its output (stdout and stderr, as a terminal shows them). Tests that change the home
+    work on a copy of it."""
     import subprocess
 
     home = tmp_path_factory.mktemp("demo") / "home"
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
+    env["MLFLOW_PORT"] = str(demo_mlflow_port)
     done = subprocess.run(["make", "demo"], cwd=ROOT, env={**env, "COVLAB_HOME": str(home)}, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=DEMO_BUILD_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-6000:]

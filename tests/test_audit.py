@@ -52,13 +52,19 @@ def selection_first(pools: pd.DataFrame) -> Output[pd.DataFrame]:
     return Output(pools.head(1), metadata={TRAINING: MetadataValue.json(TrainingSummary(epochs=2, pairs=40).to_dict())})
 
 
+# What a selection on estimated coverage records of its gate and blend (models/trust.py Decision.metadata).
+SECOND_DECISIONS = {"fell_back": False, "estimator_gate": "dev ROC-AUC 0.9000 >= 0.6500", "blend_weight": 0.5,
+                    "blend": MetadataValue.json({"weight": 0.5, "split": "dev", "metric": "alpha_ndcg@10", "queries": 8,
+                                                 "fallback_score": 0.6, "chosen_score": 0.7,
+                                                 "scores": {"0.0": 0.6, "0.5": 0.7, "1.0": 0.65}})}
+SECOND_PER_QUERY = {"q1": 0.5, "q2": 0.6, "q3": 0.662962}  # their mean is SECOND
 LLM_USAGE = {"cached": 2, "sent": 5, "prompt_tokens": 900, "completion_tokens": 80, "answers_without_usage": 0}
 
 
 @asset(partitions_def=DATASETS)
 def selection_second(pools: pd.DataFrame, queries: pd.DataFrame) -> Output[pd.DataFrame]:
     return Output(pools.tail(1), metadata={"llm": MetadataValue.json({"model": "fake-model"}),
-                                           "llm_usage": MetadataValue.json(LLM_USAGE)})
+                                           "llm_usage": MetadataValue.json(LLM_USAGE), **SECOND_DECISIONS})
 
 
 @asset(partitions_def=DATASETS)
@@ -67,6 +73,10 @@ def toy_report(context, results: ResultsStore, selection_first: pd.DataFrame,
     figures = pd.DataFrame({"dataset": context.partition_key, "method": ["first_method", "second_method"],
                             "budget": None, "k": 10, "split": "test", "metric": "toy_metric@10", "query_id": None,
                             "value": [FIRST, SECOND]})
+    per_query = pd.DataFrame({"dataset": context.partition_key, "method": "second_method", "budget": None, "k": 10,
+                              "split": "test", "metric": "toy_metric@10", "query_id": list(SECOND_PER_QUERY),
+                              "value": list(SECOND_PER_QUERY.values())})
+    figures = pd.concat([figures, per_query], ignore_index=True)
     stored = results.write_report(ReportRecord(dataset=context.partition_key, report_asset="toy_report",
                                                partition=context.partition_key, run_id=context.run_id,
                                                code_version="1", data_version=None, config={}), figures)
@@ -110,6 +120,19 @@ def test_default_prints_the_figures_branch_each_node_once_with_its_cost(built, c
     assert "(+ 1 more node of the report's lineage, not on this branch; --full shows the whole lineage)" in out
     assert "cost of this branch:" in out
     assert "<NA>" not in out and "None" not in out and "nan" not in out.lower()
+
+
+def test_a_mean_is_printed_with_its_n_and_ci_and_a_selection_with_its_decisions(built, capsys):
+    from covlab.models.statistics import mean_ci
+
+    out = _audit(capsys, "--value", str(SECOND), "--tolerance", "1e-9")
+    interval = mean_ci(pd.Series(list(SECOND_PER_QUERY.values())))
+    assert (f"  the mean over n=3 queries, 95% CI [{interval['ci_low']:.4f}, {interval['ci_high']:.4f}] "
+            "(bootstrap over queries)") in out
+    assert ("  selected by: estimator gate: dev ROC-AUC 0.9000 >= 0.6500; blend weight 0.5 with relevance order, "
+            "chosen on dev (n=8) by alpha_ndcg@10: 0.700 vs 0.600 for the fallback order") in out
+    first = _audit(capsys, "--value", str(FIRST), "--tolerance", "1e-9")  # no per-query rows, no decisions stored
+    assert "the mean over" not in first and "selected by" not in first
 
 
 def test_full_prints_every_input(built, capsys):

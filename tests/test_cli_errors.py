@@ -74,6 +74,19 @@ def test_config_dagster_rejects_is_a_one_line_error_and_runs_nothing(covlab_home
     assert instance.get_runs() == []
 
 
+def test_a_setting_given_to_an_asset_that_takes_no_config_names_its_resource_and_runs_nothing(
+        covlab_home, tmp_path, capsys, instance):
+    """Dagster accepts and ignores config given to an asset without any: a setting that lives in a resource
+    (the estimated matrices' pruning) would otherwise be left out of the run without a word."""
+    config = tmp_path / "run.yaml"
+    config.write_text("ops:\n  estimated_coverage_matrix:\n    config: {prune_top_m: 10}\n")
+    assert main(["materialize", "--dataset", "demo", "--config", str(config)]) == 2
+    assert _one_line_error(capsys) == (
+        "covlab: ops.estimated_coverage_matrix.config: estimated_coverage_matrix takes no config (given: "
+        "prune_top_m); set prune_top_m: resources.estimator_scoring.config instead\n")
+    assert instance.get_runs() == []
+
+
 # An invalid resource setting fails the run while its resources are set up, before any step runs.
 BAD_SETTINGS = [
     ("{token_budgets: [0]}", "token_budgets: token budgets must be positive integers below 2**63 (stored as int64); "

@@ -287,3 +287,18 @@ def test_embedded_items_and_token_counts_cover_every_pooled_text():
     counts = pool_token_counts(pools, texts, lambda batch: np.array([len(t.split()) for t in batch]))
     assert dict(zip(counts["doc_id"], counts["tokens"])) == {"a": 9, "b": 4}
     assert queries["topic"].tolist() == ["q1"]  # a query without a topic is its own
+
+
+def test_markdown_tables_have_flat_labels_never_tuples():
+    from covlab.models.comparison import markdown
+
+    paired = pd.DataFrame({"a": ["lmvu"], "b": ["mmr"], "budget": [32], "difference": [0.12345]}).set_index(
+        ["a", "b", "budget"])
+    assert markdown(paired, 3).splitlines() == ["| a    | b   |   budget |   difference |",
+                                                "|:-----|:----|---------:|-------------:|",
+                                                "| lmvu | mmr |       32 |        0.123 |"]
+    wide = pd.DataFrame([[0.5, 0.25]], index=pd.Index(["coverage_greedy"], name="selection"),
+                        columns=pd.MultiIndex.from_tuples([("alpha_ndcg@10", "bm25"), ("alpha_ndcg@10", "mcompass")]))
+    header = markdown(wide).splitlines()[0]
+    assert "alpha_ndcg@10 / bm25" in header and "alpha_ndcg@10 / mcompass" in header and "(" not in header
+    assert markdown(pd.DataFrame()) == "n/a"

@@ -259,19 +259,23 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
 
 @pytest.mark.slow
 @pytest.mark.services
-def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(demo_home, tmp_path):
+def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(demo_home, demo_mlflow_port,
+                                                                                 tmp_path):
     """`make ui` on the demo instance, driven by headless Chromium: the asset graph with kind badges, the GPU
     tag of a trained selector, the coverage report's latest materialization for demo with Table 1 and an
-    inline PNG figure, and the comparison report led by its answer, leaderboard table and figure. Screenshots go
-    to the test's folder."""
+    inline PNG figure, the comparison report led by its answer, leaderboard table and figure, an asset's Events
+    tab led by its materialization, and the link to a model version, which opens it in the MLflow UI served
+    on the port the demo was told (`make mlflow-ui MLFLOW_PORT=...`). Screenshots go to the test's folder."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: `make test` installs Debian's chromium (apt)"
     home, _ = demo_home
     port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    with _serving(["make", "ui", f"UI_PORT={port}"], _env(home)) as server:
+    base, mlflow = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{demo_mlflow_port}"
+    with _serving(["make", "ui", f"UI_PORT={port}"], _env(home)) as server, \
+            _serving(["make", "mlflow-ui", f"MLFLOW_PORT={demo_mlflow_port}"], _env(home)) as mlflow_server:
         _wait_for_json(server, f"{base}/server_info", None)
+        _wait_for_json(mlflow_server, f"{mlflow}/api/2.0/mlflow/experiments/search?max_results=1", None)
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
             page = browser.new_page(viewport={"width": 1700, "height": 1000})
@@ -286,7 +290,7 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
                 return page.inner_text("body")
 
             # the coverage group's graph: asset nodes with their kind badges
-            graph = show("/locations/covlab.orchestration.definitions:defs/asset-groups/coverage", "asset_graph",
+            graph = show("/locations/covlab/asset-groups/coverage", "asset_graph",
                          "coverage_biencoder")
             assert "PyTorch" in graph and "Parquet" in graph
             estimator = show("/assets/coverage_estimator", "coverage_estimator", "covlab/device: gpu")
@@ -309,6 +313,20 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
             page.locator("tr", has_text="leaderboard_figure").first.get_by_text("[Show Markdown]").click()
             page.locator('img[alt="difference to the baseline per budget"]').first.wait_for(timeout=30_000)
             page.screenshot(path=str(tmp_path / "leaderboard_figure.png"))
+            # the Events tab of an asset every step reads: its materialization, no observation of each read
+            events = show("/assets/corpus?view=events", "corpus_events", "materialized in run")
+            assert "observed in run" not in events and "covlab/loaded" not in events
+            # the model version's link goes to the MLflow UI where it runs, and the page there shows the version
+            show("/assets/coverage_estimator?view=partitions&partition=demo", "coverage_estimator_demo",
+                 "mlflow_model_version")
+            link = page.locator(f'a[href^="{mlflow}/#/models/covlab.demo.coverage_estimator/versions/"]').first
+            link.wait_for(timeout=30_000)
+            assert link.get_attribute("href").endswith("?workflowType=machine_learning")
+            page.goto(link.get_attribute("href"))
+            page.get_by_text("Trained by the Dagster asset coverage_estimator", exact=False).first.wait_for(
+                timeout=90_000)  # the version's description, as MLflow's page renders it
+            assert "Model registry" in page.inner_text("body")  # the model-training pages, not the GenAI ones
+            page.screenshot(path=str(tmp_path / "mlflow_model_version.png"))
             browser.close()
     assert (tmp_path / "coverage_report.png").stat().st_size > 10_000
 

@@ -7,7 +7,7 @@ import json
 
 import pandas as pd
 import pytest
-from dagster import AssetKey, DagsterInstance, asset, materialize
+from dagster import DagsterInstance, asset, materialize
 
 from covlab.resources.io_manager import LOAD_RECORD, SIDECAR_SUFFIX, LocalTableIOManager
 
@@ -54,10 +54,29 @@ def test_accept_modified_reads_it_with_a_warning_and_says_so_in_the_load_record(
     assert result.output_for_node("report") == {"precision": 1.0}
     warnings = [e.message for e in instance.all_logs(result.run_id) if e.level >= 30]
     assert any(str(path) in w and recorded in w and "read anyway" in w for w in warnings)
-    (observation,) = [e.asset_observation_data.asset_observation for e in result.all_events
-                      if e.event_type_value == "ASSET_OBSERVATION"]
-    assert observation.asset_key == AssetKey("retrieval")
-    assert observation.metadata[LOAD_RECORD].value["modified"] is True
+    (materialization,) = result.asset_materializations_for_node("report")
+    (load,) = materialization.metadata[LOAD_RECORD].value
+    assert load["asset_key"] == "retrieval" and load["modified"] is True and load["written_by_run"] == writer_run
+
+
+def test_load_records_ride_on_the_materialization_not_on_observations_of_the_inputs(tmp_path):
+    """Each load is recorded once, on what the loading step made: an asset observation per load would list
+    more observations than materializations on every upstream asset's page."""
+    instance = DagsterInstance.ephemeral()
+    io_manager = LocalTableIOManager(base_dir=str(tmp_path / "storage"))
+    first = materialize([retrieval], instance=instance, resources={"io_manager": io_manager})
+    second = materialize([retrieval, report], selection=[report], instance=instance,
+                         resources={"io_manager": io_manager})
+    assert not [e for e in second.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    (materialization,) = second.asset_materializations_for_node("report")
+    (load,) = materialization.metadata[LOAD_RECORD].value
+    stored = tmp_path / "storage" / "retrieval" / "__all__.parquet"
+    assert load == {"asset_key": "retrieval", "partition": None, "written_by_run": first.run_id,
+                    "content_sha256": hashlib.sha256(stored.read_bytes()).hexdigest(),
+                    "data_version": load["data_version"], "path": str(stored)}
+    assert load["data_version"]
+    (root,) = first.asset_materializations_for_node("retrieval")
+    assert LOAD_RECORD not in root.metadata  # it read nothing
 
 
 def test_an_unchanged_value_loads(tmp_path):

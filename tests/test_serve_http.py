@@ -1,11 +1,13 @@
 """`covlab serve` (serving/http.py): POST /v1/select answers what ContextSelector.select answers for the same inputs,
 refuses bad requests naming the field (and oversize ones with the limit), keeps concurrent requests apart, follows the
 registry (an alias moved in a real MLflow registry swaps the selector in without a restart while a request in flight
-finishes on the old one), and `covlab serve` answers over a real socket on 127.0.0.1."""
+finishes on the old one), and `covlab serve` answers over a real socket on 127.0.0.1 and exits on SIGTERM within
+its shutdown bound while clients hold connections open."""
 
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -133,8 +135,8 @@ def test_a_body_over_the_limit_is_refused_with_the_limit(client):
     assert chunked.status_code == 413 and "over the limit of 20000 bytes" in chunked.json()["detail"]
 
 
-def test_health_methods_docs_and_the_missing_retriever(client):
-    assert client.get("/healthz").json() == {"status": "ok", "methods": list(UNTRAINED)}
+def test_health_methods_docs_and_retrieval_without_a_dataset(client):
+    assert client.get("/healthz").json() == {"status": "ok", "methods": list(UNTRAINED), "retrievers": []}
     listed = client.get("/v1/methods").json()
     assert [m["method"] for m in listed["methods"]] == list(UNTRAINED) and listed["alias"] == "champion"
     assert listed["methods"][1]["label"] == "MMR" and listed["methods"][1]["models"] == []
@@ -147,8 +149,10 @@ def test_health_methods_docs_and_the_missing_retriever(client):
     assert documented["SelectRequest"]["properties"]["candidates"]["maxItems"] == 8  # the service's limit
     assert {"chosen", "left_out", "provenance", "over_encoder_limit"} <= set(
         documented["ServedSelection"]["properties"])
-    retrieve = client.post("/v1/retrieve", json={"query": "q", "k": 5, "method": "mcompass"})
-    assert retrieve.status_code == 501 and "no whole-corpus retriever (MCompassRAG" in retrieve.json()["detail"]
+    assert {"query", "dataset", "k", "budget", "method"} <= set(documented["RetrieveRequest"]["properties"])
+    retrieve = client.post("/v1/retrieve", json={"query": "q", "k": 5, "dataset": "demo"})
+    assert retrieve.status_code == 400 and retrieve.json()["detail"] == (
+        "dataset: 'demo' is not served here; served: []; covlab serve --dataset D retrieves from D's corpus")
 
 
 def test_concurrent_requests_each_get_their_own_answer(client):
@@ -274,35 +278,76 @@ def test_an_alias_moved_in_the_registry_swaps_the_selector_in_while_requests_in_
 # ---------------------------------------------------------------------------------------------------------------
 # The real command, over a socket.
 
-@pytest.mark.slow
-def test_covlab_serve_answers_on_127_0_0_1(tmp_path):
+def started_serve(home: Path, *flags: str) -> tuple[subprocess.Popen, int, dict]:
+    """`covlab serve --method mmr` on a free 127.0.0.1 port with `flags`, once it has answered a selection: the
+    process, its port and that answer."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "COVLAB_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "COVLAB_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen([str(ROOT / ".venv" / "bin" / "covlab"), "serve", "--method", "mmr", "--port",
-                                str(port), "--poll-seconds", "0"], env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline, answer = time.monotonic() + 120, None
-        while answer is None:
-            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()[-3000:]
-            try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/select", json.dumps(body()).encode(),
-                                                 {"content-type": "application/json"})
-                answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
-            except OSError:
-                time.sleep(0.2)
-    finally:
-        process.terminate()
-        log = process.communicate(timeout=30)[0]
+                                str(port), *flags], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    deadline, answer = time.monotonic() + 120, None
+    while answer is None:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(process.communicate()[0][-3000:])
+        try:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/select", json.dumps(body()).encode(),
+                                             {"content-type": "application/json"})
+            answer = json.loads(urllib.request.urlopen(request, timeout=30).read())
+        except OSError:
+            time.sleep(0.2)
+    return process, port, answer
+
+
+@pytest.mark.slow
+def test_covlab_serve_answers_on_127_0_0_1(tmp_path):
+    process, port, answer = started_serve(tmp_path / "home", "--poll-seconds", "0")
+    process.terminate()
+    log = process.communicate(timeout=30)[0]
     assert answer["method"] == "mmr" and answer["chosen"] and answer["tokens"] <= 30
     assert "method mmr: ready" in log and f"http://127.0.0.1:{port}" in log
+
+
+@pytest.mark.slow
+def test_sigterm_stops_covlab_serve_with_open_connections_within_its_shutdown_bound(tmp_path):
+    """The connections a killed load test leaves behind: idle keep-alive ones, and requests whose body never
+    finishes arriving (uvicorn's graceful shutdown, unbounded, waits for those forever). After SIGTERM the
+    process is gone within --shutdown-seconds and a margin for a loaded machine, the poller running."""
+    process, port, _ = started_serve(tmp_path / "home", "--shutdown-seconds", "1", "--poll-seconds", "30")
+    request = json.dumps(body()).encode()
+    connections = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
+    try:
+        for i, connection in enumerate(connections):
+            head = (b"POST /v1/select HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(request))
+            if i % 2:  # answered, the connection kept alive
+                connection.sendall(head + request)
+                assert b" 200 OK" in connection.recv(65536)
+            else:  # cut short: half the body sent
+                connection.sendall(head + request[:len(request) // 2])
+        time.sleep(0.5)
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        try:
+            log = process.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise AssertionError("covlab serve still ran 60 s after SIGTERM: " + process.communicate()[0][-3000:])
+        took = time.monotonic() - started
+    finally:
+        for connection in connections:
+            connection.close()
+    assert took < 1 + 9, f"covlab serve took {took:.1f} s to exit after SIGTERM"
+    assert "Cancel 2 running task(s), timeout graceful shutdown exceeded" in log, log[-3000:]
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--max-candidates", "0"], "covlab: --max-candidates: expected a positive whole number, got 0"),
     (["--poll-seconds", "-1"], "covlab: --poll-seconds -1.0: expected a finite number >= 0 (0: do not poll)"),
+    (["--shutdown-seconds", "nan"], "covlab: --shutdown-seconds nan: expected a finite number >= 0"),
 ])
 def test_covlab_serve_refuses_bad_flags_before_loading_anything(flags, message, capsys):
     from covlab.orchestration.cli import main

@@ -83,3 +83,18 @@ def test_alignment_is_by_query_not_position():
 def test_bad_input_is_named(a, b, kwargs, message):
     with pytest.raises(ValueError, match=message):
         paired_comparison(a, b, **kwargs)
+
+
+def test_mean_ci_is_the_mean_with_the_percentile_bootstrap_of_its_queries():
+    from covlab.models.statistics import mean_ci
+
+    assert mean_ci(pd.Series([0.4, 0.4, 0.4])) == {"n": 3, "mean": pytest.approx(0.4), "ci_low": pytest.approx(0.4),
+                                                    "ci_high": pytest.approx(0.4), "confidence": 0.95}
+    values = np.array([0.1, 0.9, 0.5, 0.7])
+    resampled = np.random.default_rng(3).integers(0, 4, size=(500, 4))
+    low, high = np.quantile(values[resampled].mean(axis=1), [0.05, 0.95])
+    found = mean_ci(pd.Series(values), n_boot=500, seed=3, confidence=0.9)
+    assert (found["n"], found["mean"]) == (4, pytest.approx(0.55))
+    assert (found["ci_low"], found["ci_high"]) == (pytest.approx(low), pytest.approx(high))
+    with pytest.raises(ValueError, match="1 missing"):
+        mean_ci(pd.Series([0.5, np.nan]))

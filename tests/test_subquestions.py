@@ -1,10 +1,12 @@
-"""The offline decompositions (models/subquestions.py): the focused one's picks worked out by hand."""
+"""The offline decompositions (models/subquestions.py): the focused one's picks worked out by hand, the grounded
+one's as the subquestions asset has always given them."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from covlab.models.subquestions import FocusSettings, focused_decomposition, focused_subquestions
+from covlab.models.subquestions import (FocusSettings, focused_decomposition, focused_subquestions,
+                                        grounded_decomposition)
 
 QUERY = np.array([1.0, 0.0, 0.0])
 # sentence -> unit vector; cosines to the query: restates 1.0, a 0.8, a_twin 0.8, b 0.7, c 0.5
@@ -63,3 +65,49 @@ def test_every_distinct_text_is_encoded_once_for_the_whole_dataset():
 def test_settings_out_of_range_are_refused_by_name(field, value):
     with pytest.raises(ValueError, match=f"subquestions {field} must"):
         FocusSettings(**{field: value})
+
+
+# Three queries, one without a pool; the first pool sentence of q2 restates its query (cosine 0.996).
+GROUNDED_QUERIES = pd.DataFrame({"query_id": ["q1", "q2", "q3"], "text": [
+    "How does the harbour town manage its fishing fleet?", "What do residents think about the new lighthouse?",
+    "Who pays for the school buses?"]})
+GROUNDED_POOLS = {
+    "q1": ["The harbour town manages its fishing fleet through a council. Quotas are set every spring by vote. "
+           "Boats must report their catch at the pier office. Old nets are recycled into fences.",
+           "Fishermen complain that the quotas are too strict. The pier office opens at dawn every day. "
+           "Young crews train on the older boats first.",
+           "Storms close the harbour for weeks each winter. The council pays crews a small sum during closures."],
+    "q2": ["What do the residents think about the new lighthouse? Residents say the new lighthouse is too bright at "
+           "night. Some residents like the modern design. The old lighthouse keeper retired last year.",
+           "Storms close the harbour for weeks each winter. Tourists photograph the lighthouse at sunset. "
+           "The light can be seen from the northern island."]}
+
+
+def test_grounded_decomposition_gives_the_subquestions_the_asset_gave_and_reports_progress():
+    """The subquestions the asset's own loop over queries gave for these pools under the packaged MiniLM on CPU
+    (n 2, seed 0; recorded before the loop moved here). Two clusters per query keep every pick clear of a tie,
+    so the floats of another CPU give the same. Each query's texts are one encoder call, as they were."""
+    import torch
+
+    from covlab.models.biencoder import encode, load_biencoder
+    from covlab.models.encoders import default_base_model
+
+    model, tokenizer, _ = load_biencoder(default_base_model(), torch.device("cpu"))
+    calls, reports = [], []
+
+    def embed(texts):
+        calls.append(texts)
+        return encode(model, tokenizer, texts, device=torch.device("cpu"))
+
+    table = grounded_decomposition(GROUNDED_QUERIES, GROUNDED_POOLS, embed, n=2, max_query_similarity=0.9, seed=0,
+                                   progress=reports.append)
+    assert table.to_dict("list") == {
+        "query_id": ["q1", "q1", "q2", "q2"], "subq_id": ["q1/g0", "q1/g1", "q2/g0", "q2/g1"],
+        "text": ["Boats must report their catch at the pier office.", "Old nets are recycled into fences.",
+                 "Residents say the new lighthouse is too bright at night.",
+                 "Storms close the harbour for weeks each winter."]}
+    assert [len(texts) for texts in calls] == [10, 8] and [texts[0] for texts in calls] == list(
+        GROUNDED_QUERIES["text"][:2])  # q3 has no sentences: nothing encoded
+    assert reports and reports[-1].label == "grounded subquestions" and reports[-1].unit == "queries"
+    assert (reports[-1].done, reports[-1].total) == (3, 3)
+    assert grounded_decomposition(GROUNDED_QUERIES.head(0), {}, embed).empty

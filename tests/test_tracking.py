@@ -201,10 +201,14 @@ def test_training_run_spans_the_training_with_epoch_steps_and_a_signature(tracki
     info = client.get_run(ref.run_id).info
     assert info.status == "FINISHED" and trained_for >= 0.6
     assert (info.end_time - info.start_time) / 1000 >= trained_for
-    assert [(m.step, m.value) for m in client.get_metric_history(ref.run_id, "train_loss")] == [
+    assert [(m.step, m.value) for m in client.get_metric_history(ref.run_id, "epoch/train_loss")] == [
         (1, 1.0), (2, 0.5), (3, 1.0 / 3)]
-    assert sorted(m.step for m in client.get_metric_history(ref.run_id, "dev_auc")) == [0, 1, 2, 3]  # 0: final
-    assert client.get_metric_history(ref.run_id, "dev_score") == []
+    assert [m.step for m in client.get_metric_history(ref.run_id, "epoch/dev_auc")] == [1, 2, 3]
+    # the final figure (the kept epoch's) is one point of its own, not a fourth point of the curve at step 0
+    assert [(m.step, m.value) for m in client.get_metric_history(ref.run_id, "dev_auc")] == [(0, 0.8)]
+    assert client.get_metric_history(ref.run_id, "epoch/dev_score") == []
+    assert client.get_model_version(name, "1").description == (
+        "Trained by the Dagster asset ? for dataset ? in run ?. Final figures: dev_auc 0.8.")
     assert dict(ref.tags) == TAGS
     assert client.get_model_version(name, "1").tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(source)}
     # The version reloads with its signature and input example through MLflow's own loaders.
@@ -219,12 +223,13 @@ def test_training_run_spans_the_training_with_epoch_steps_and_a_signature(tracki
     pd.testing.assert_frame_equal(loaded, example)
     # The weights download as logged, without MLflow's metadata files.
     assert files_of(tracking.download(ref, tmp_path / "dl")) == files_of(source)
+    page = f"/#/models/{name}/versions/1?workflowType=machine_learning"  # MLflow's model-training pages, not GenAI
     monkeypatch.delenv("MLFLOW_PORT", raising=False)
-    assert tracking.version_url(ref) == f"http://127.0.0.1:5000/#/models/{name}/versions/1"
+    assert tracking.version_url(ref) == f"http://127.0.0.1:5000{page}"
     monkeypatch.setenv("MLFLOW_PORT", "5111")  # `make mlflow-ui MLFLOW_PORT=5111`, which the Makefile exports
-    assert tracking.version_url(ref) == f"http://127.0.0.1:5111/#/models/{name}/versions/1"
+    assert tracking.version_url(ref) == f"http://127.0.0.1:5111{page}"
     configured = tracking.model_copy(update={"ui_url": "https://mlflow.example.org/"})
-    assert configured.version_url(ref) == f"https://mlflow.example.org/#/models/{name}/versions/1"
+    assert configured.version_url(ref) == f"https://mlflow.example.org{page}"
 
 
 def test_failed_training_ends_its_run_failed_and_registers_nothing(tracking, tmp_path):
@@ -235,7 +240,7 @@ def test_failed_training_ends_its_run_failed_and_registers_nothing(tracking, tmp
             raise FloatingPointError("loss diverged")
     client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
     assert client.get_run(run.run_id).info.status == "FAILED"
-    assert [m.value for m in client.get_metric_history(run.run_id, "train_loss")] == [0.9]
+    assert [m.value for m in client.get_metric_history(run.run_id, "epoch/train_loss")] == [0.9]
     assert tracking.versions(name) == []
 
 
@@ -283,3 +288,13 @@ def test_concurrent_first_use_creates_the_store_once(tmp_path):
         assert len(connection.execute("SELECT version_num FROM alembic_version").fetchall()) == 1
     assert [e.name for e in MlflowClient(tracking_uri=settings["tracking_uri"]).search_experiments()
             if e.name == "covlab"] == ["covlab"]
+
+
+def test_a_version_description_names_the_asset_run_commit_and_final_figures():
+    from covlab.resources.tracking import version_description
+
+    tags = {"dagster.run_id": "5f0c", "dagster.asset_key": "coverage_estimator", "dagster.partition": "argkp",
+            "git.commit": "0123456789abcdef0123"}
+    assert version_description(tags, {"kept_epoch": 2.0, "dev_auc": 0.85614}) == (
+        "Trained by the Dagster asset coverage_estimator for dataset argkp in run 5f0c at commit 0123456789ab. "
+        "Final figures: dev_auc 0.8561, kept_epoch 2.")

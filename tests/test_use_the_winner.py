@@ -1,7 +1,8 @@
 """The demo's winners put to work (README "Use the winner"): the selectors a caller loads with covlab.serving select
-exactly what the pipeline's selection assets selected for the same inputs; the champion LMVU ranker loads as an
-MLflow pyfunc in a fresh process and answers `mlflow models serve`'s /invocations; a served selection's
-provenance names the figure that promoted its model, which `covlab audit` then traces."""
+exactly what the pipeline's selection assets selected for the same inputs, and its retriever ranks the demo corpus
+as mcompass_retrieval did; the champion LMVU ranker loads as an MLflow pyfunc in a fresh process and answers
+`mlflow models serve`'s /invocations; a served selection's provenance names the figure that promoted its model,
+which `covlab audit` then traces."""
 
 import json
 import os
@@ -66,6 +67,32 @@ def test_served_selections_are_the_pipeline_s_for_the_same_inputs(demo_home, mon
                 assert served.ids == expected["doc_id"].tolist(), (name, query_id, budget)
                 compared += 1
     assert compared >= 5 * len(test_ids) * 4
+
+
+def test_v1_retrieve_ranks_the_demo_corpus_as_mcompass_retrieval_ranked_it(demo_home, monkeypatch, tmp_path):
+    """`covlab serve --dataset demo`'s POST /v1/retrieve: the demo's registered student (its newest version: the
+    student is never promoted) with the corpus its version carries ranks a test query's chunks first as the
+    mcompass_retrieval asset stored them, and answers their texts."""
+    from fastapi.testclient import TestClient
+
+    from covlab.serving.http import ServedMethods, create_app, no_version, registry_retrievers
+
+    home, _ = demo_home
+    monkeypatch.setenv("COVLAB_HOME", str(home))
+    runs, chunks = _stored(home, "mcompass_retrieval"), _stored(home, "chunks").set_index("chunk_id")
+    student = runs[runs["method"] == "mcompass"]
+    query_id = sorted(student["query_id"])[0]
+    text = _stored(home, "queries").set_index("query_id").at[query_id, "text"]
+    retrievers = registry_retrievers("demo", cache=tmp_path / "cache")
+    with TestClient(create_app(ServedMethods((), lambda name: None, no_version), retrievers=retrievers)) as client:
+        answer = client.post("/v1/retrieve", json={"query": text, "dataset": "demo", "k": 5})
+    assert answer.status_code == 200, answer.text
+    served = answer.json()
+    stored = student[student["query_id"] == query_id].sort_values("rank")["chunk_id"].tolist()
+    assert [c["id"] for c in served["chunks"]][:3] == stored[:3]
+    ids = [c["id"] for c in served["chunks"]]
+    assert [c["text"] for c in served["chunks"]] == chunks.loc[ids, "text"].tolist()
+    assert served["provenance"][0]["name"] == "covlab.demo.mcompass_student"
 
 
 def test_the_champion_lmvu_ranker_is_an_mlflow_pyfunc_in_a_fresh_process(demo_home):
