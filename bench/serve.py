@@ -3,9 +3,10 @@ requests, and the selection step alone against pyversity's MMR on the same embed
 
 Workload: --variants requests, each a demo query (resources/demo_dataset.py) and --candidates candidates of
 ~--candidate-tokens tokens (demo documents joined until the packaged tokenizer counts that many), budget
-tokens=--budget; the clients take the variants in turn. Two modes: `precomputed` (each candidate's embedding and
-the query's, computed here once with the packaged MiniLM at the service's settings, travel in the request) and
-`encoded` (the service encodes the 101 texts of every request).
+tokens=--budget; the clients take the variants in turn. Two modes: `precomputed` (each candidate's embedding, its
+sentence atoms' embeddings (what LMVU's features read; a candidate of one sentence is its own atom) and the query's,
+computed here once with the packaged MiniLM at the service's settings, travel in the request) and `encoded` (the
+service encodes the query, the 100 candidates and, for LMVU, their ~1,000 sentences, in every request).
 
 The server is the real `covlab serve` (a subprocess on 127.0.0.1, a free port, --poll-seconds 0) over a fresh
 COVLAB_HOME, or --home (a `make demo` home) with --dataset for the trained methods. Methods: mmr, adagres, and,
@@ -53,13 +54,22 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 
-from covlab.models.comparison import ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH  # noqa: E402
+from covlab.models.comparison import ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH, atom_sentences  # noqa: E402
+from covlab.models.registry import method  # noqa: E402
 from covlab.models.selectors import MMR, Budget, Pool  # noqa: E402
 from covlab.models.tokens import TokenCounter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "serve.json"
 UNTRAINED, TRAINED = ("mmr", "adagres"), ("lmvu", "coverage_greedy")
+
+
+def for_method(request: dict, name: str) -> dict:
+    """The request as sent for method `name`: precomputed atoms only to a method that reads them (Method.atoms);
+    the others would only parse them."""
+    if method(name).atoms or "query_embedding" not in request:
+        return request
+    return {**request, "candidates": [{k: v for k, v in c.items() if k != "atoms"} for c in request["candidates"]]}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -101,9 +111,12 @@ def with_embeddings(requests: list[dict]) -> list[dict]:
     out = []
     for request in requests:
         vectors = np.asarray(encode([request["query"], *request["candidates"]]), dtype=float)
-        out.append({"query": request["query"], "query_embedding": vectors[0].tolist(),
-                    "candidates": [{"id": str(i), "text": t, "embedding": v.tolist()}
-                                   for i, (t, v) in enumerate(zip(request["candidates"], vectors[1:]))]})
+        candidates = []
+        for i, (text, vector) in enumerate(zip(request["candidates"], vectors[1:])):
+            sentences = atom_sentences(text)
+            atoms = np.asarray(encode(sentences), dtype=float) if sentences else vector[None, :]
+            candidates.append({"id": str(i), "text": text, "embedding": vector.tolist(), "atoms": atoms.tolist()})
+        out.append({"query": request["query"], "query_embedding": vectors[0].tolist(), "candidates": candidates})
     return out
 
 
@@ -264,8 +277,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="covlab-bench-serve-") as scratch:
         server = Server(methods, args.home or Path(scratch) / "home", args.dataset)
         try:
-            payloads = [json.dumps({**r, "method": "mmr", "budget": {"tokens": args.budget}}).encode()
-                        for r in embedded]
+            payloads = [json.dumps({**for_method(r, "mmr"), "method": "mmr", "budget": {"tokens": args.budget}})
+                        .encode() for r in embedded]
             load(server.port, payloads, 8, 200, 600)
             before = server.peak_rss_mib()
             load(server.port, payloads, 8, args.rss_requests, 3600)
@@ -273,8 +286,8 @@ def main() -> None:
             rows = []
             for name in methods:
                 for mode in args.modes:
-                    payloads = [json.dumps({**r, "method": name, "budget": {"tokens": args.budget}}).encode()
-                                for r in bodies[mode]]
+                    payloads = [json.dumps({**for_method(r, name), "method": name,
+                                            "budget": {"tokens": args.budget}}).encode() for r in bodies[mode]]
                     load(server.port, payloads, 1, min(2, args.requests), args.seconds)  # warm (tokens cached)
                     for clients in args.clients:
                         row = {"method": name, "mode": mode, **load(server.port, payloads, clients, args.requests,
