@@ -148,7 +148,7 @@ METHODS: tuple[Method, ...] = (
     Method("gold_nugget_bound_soft", "gold nuggets, soft greedy [chosen]", "[chosen extension] soft greedy on the "
            "estimator's probabilities for the gold nuggets, blended as coverage_greedy_soft", DES,
            frozenset({K, TOKENS}), lambda s, m: CoverageGreedy(soft=True), Coverage.ESTIMATED_GOLD, bound=True),
-    Method("oracle_greedy", "oracle greedy", "greedy coverage on the gold matrix (it maximises nugget coverage, "
+    Method("oracle_greedy", "oracle greedy (bounds nugget coverage)", "greedy coverage on the gold matrix (it maximises nugget coverage, "
            "a bound on coverage rather than on alpha-nDCG)", Family.BOUND, frozenset({K, TOKENS}),
            lambda s, m: CoverageGreedy(soft=False, tau=1.0), Coverage.GOLD, bound=True),
     Method("oracle_rvc1", "exact RVC1 oracle", "the exact RVC1 oracle (bitmask DP over viewpoint sets)",

@@ -22,12 +22,12 @@ SELECTOR_NAMES = {
     "oracle_rvc2": "oracle_rvc2", "bm25": "relevance", "pool_order": "relevance",
 }
 RETRIEVERS = {"dense", "mcompass", "mcompass_no_selector", "mcompass_mean_pool"}
-# Table 1's rows as the coverage report labelled them before the registry (label, method), in that order.
+# Table 1's rows (label, method) in the order the coverage report prints them.
 TABLE1_ROWS = [("relevance", "relevance"), ("+ coverage training", "relevance_coverage_trained"),
                ("+ estimator and greedy", "coverage_greedy"), ("+ estimator and soft greedy [chosen]",
                                                                "coverage_greedy_soft"),
                ("gold nuggets", "gold_nugget_bound"), ("gold nuggets, soft greedy [chosen]", "gold_nugget_bound_soft"),
-               ("oracle greedy", "oracle_greedy"), ("BM25 pool order", "bm25")]
+               ("oracle greedy (bounds nugget coverage)", "oracle_greedy"), ("BM25 pool order", "bm25")]
 
 
 def dummy_ranker(rng: np.random.Generator) -> LMVURanker:
