@@ -5,14 +5,16 @@ Workload: --variants requests, each a demo query (resources/demo_dataset.py) and
 ~--candidate-tokens tokens (demo documents joined until the packaged tokenizer counts that many), budget
 tokens=--budget; the clients take the variants in turn. Two modes: `precomputed` (each candidate's embedding, its
 sentence atoms' embeddings (what LMVU's features read; a candidate of one sentence is its own atom) and the query's,
-computed here once with the packaged MiniLM at the service's settings, travel in the request) and `encoded` (the
+computed here once with the packaged MiniLM at the service's settings, travel in the request as base64 float32,
+`covlab.serving.vectors_base64`: ~2 MB a request for LMVU instead of ~9 MB of JSON numbers) and `encoded` (the
 service encodes the query, the 100 candidates and, for LMVU, their ~1,000 sentences, in every request).
 
 The server is the real `covlab serve` (a subprocess on 127.0.0.1, a free port, --poll-seconds 0) over a fresh
-COVLAB_HOME, or --home (a `make demo` home) with --dataset for the trained methods. Methods: mmr, adagres, and,
-with --dataset, lmvu (its champion ranker) and coverage_greedy (its champion estimator: every request then also
-decomposes the query and scores 100 x 10 pairs with the cross-encoder); without a dataset those two are skipped
-with the reason printed (nothing is trained or registered here).
+COVLAB_HOME, or --home (a `make demo` home) with --dataset for the trained methods. Methods (--methods): mmr,
+adagres, and, with --dataset, lmvu (its champion ranker) and coverage_greedy (its champion estimator: every request
+then also decomposes the query and scores 100 x 10 pairs with the cross-encoder, ~35 s on 2 cores, so it runs at
+--coverage-clients only, 1 by default: at 32 clients the requests in flight when --seconds ends would take
+minutes); without a dataset those two are skipped with the reason printed (nothing is trained or registered here).
 
 For each method, mode and --clients count: that many threads, each with its own keep-alive connection, send
 requests back to back (bodies serialised beforehand) until --requests answers or --seconds have passed (requests
@@ -31,6 +33,7 @@ token budget, and k=20; median of --step-repeats calls; selections compared.
 
     .venv/bin/python bench/serve.py [--clients 1 8 32] [--seconds 20] [--requests 500] [--rss-requests 10000]
                                     [--home DIR --dataset demo] [--modes precomputed encoded]
+                                    [--methods mmr adagres lmvu coverage_greedy] [--coverage-clients 1]
 
 Writes bench/results/serve.json.
 """
@@ -58,6 +61,7 @@ from covlab.models.comparison import ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LE
 from covlab.models.registry import method  # noqa: E402
 from covlab.models.selectors import MMR, Budget, Pool  # noqa: E402
 from covlab.models.tokens import TokenCounter  # noqa: E402
+from covlab.serving import vectors_base64  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "serve.json"
@@ -65,11 +69,14 @@ UNTRAINED, TRAINED = ("mmr", "adagres"), ("lmvu", "coverage_greedy")
 
 
 def for_method(request: dict, name: str) -> dict:
-    """The request as sent for method `name`: precomputed atoms only to a method that reads them (Method.atoms);
-    the others would only parse them."""
-    if method(name).atoms or "query_embedding" not in request:
+    """The request as sent for method `name`: precomputed vectors as base64 float32, and atoms only to a method
+    that reads them (Method.atoms); the others would only parse them."""
+    if "query_embedding" not in request:
         return request
-    return {**request, "candidates": [{k: v for k, v in c.items() if k != "atoms"} for c in request["candidates"]]}
+    keep = {"id", "text", "embedding", "atoms"} if method(name).atoms else {"id", "text", "embedding"}
+    return {**request, "query_embedding": vectors_base64(request["query_embedding"]),
+            "candidates": [{k: vectors_base64(v) if k in ("embedding", "atoms") else v for k, v in c.items()
+                            if k in keep} for c in request["candidates"]]}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -261,11 +268,14 @@ def main() -> None:
     parser.add_argument("--step-repeats", type=int, default=200)
     parser.add_argument("--home", type=Path, help="COVLAB_HOME to serve from (default: a fresh one)")
     parser.add_argument("--dataset", help="the dataset of the trained methods (lmvu, coverage_greedy)")
+    parser.add_argument("--methods", nargs="+", choices=[*UNTRAINED, *TRAINED], default=[*UNTRAINED, *TRAINED])
+    parser.add_argument("--coverage-clients", type=int, nargs="+", default=[1],
+                        help="client counts for coverage_greedy (its requests take ~35 s each on 2 cores)")
     args = parser.parse_args()
 
     skipped = {} if args.dataset else {m: f"{refusal(m)}; pass --home <a make demo home> --dataset demo"
-                                       for m in TRAINED}
-    methods = [m for m in (*UNTRAINED, *TRAINED) if m not in skipped]
+                                       for m in TRAINED if m in args.methods}
+    methods = [m for m in args.methods if m not in skipped]
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     print(f"workload: {args.variants} requests of {args.candidates} candidates of ~{args.candidate_tokens} tokens, "
@@ -275,7 +285,8 @@ def main() -> None:
     bodies = {"encoded": plain, "precomputed": embedded}
 
     with tempfile.TemporaryDirectory(prefix="covlab-bench-serve-") as scratch:
-        server = Server(methods, args.home or Path(scratch) / "home", args.dataset)
+        # mmr is served whatever --methods says: the memory phase's requests are its
+        server = Server(list(dict.fromkeys(["mmr", *methods])), args.home or Path(scratch) / "home", args.dataset)
         try:
             payloads = [json.dumps({**for_method(r, "mmr"), "method": "mmr", "budget": {"tokens": args.budget}})
                         .encode() for r in embedded]
@@ -289,7 +300,7 @@ def main() -> None:
                     payloads = [json.dumps({**for_method(r, name), "method": name,
                                             "budget": {"tokens": args.budget}}).encode() for r in bodies[mode]]
                     load(server.port, payloads, 1, min(2, args.requests), args.seconds)  # warm (tokens cached)
-                    for clients in args.clients:
+                    for clients in args.coverage_clients if name == "coverage_greedy" else args.clients:
                         row = {"method": name, "mode": mode, **load(server.port, payloads, clients, args.requests,
                                                                     args.seconds)}
                         rows.append(row)

@@ -15,7 +15,9 @@ answer, as JSON:
     GET  /healthz      liveness
     GET  /docs         the OpenAPI documentation (FastAPI's)
 
-A candidate is a text (its id is then its position) or an {id, text, embedding?, atoms?, metadata?} record.
+A candidate is a text (its id is then its position) or an {id, text, embedding?, atoms?, metadata?} record;
+embeddings and atoms are numbers, or base64 of little-endian float32 values (`covlab.serving.vectors_base64`:
+a fifth of the body, parsed in milliseconds).
 A bad field answers 422 naming it (pydantic), a request the selector or retriever refuses 400 with its
 ServingError, an unknown method or dataset 400 listing the served ones, one whose models could not load 503
 with the reason, a body over the limit 413 with the limit.
@@ -277,12 +279,14 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
 
     class CandidateIn(BaseModel):
         """A candidate passage: its text, and optionally its id (default: its position), its unit embedding and
-        its sentence atoms' embeddings (as the pipeline's item_embeddings hold them), any metadata."""
+        its sentence atoms' embeddings (as the pipeline's item_embeddings hold them), any metadata. Embeddings
+        and atoms are numbers or base64 of little-endian float32 values (atoms row-major, rows as long as the
+        embedding, which must then be given too)."""
         model_config = ConfigDict(extra="forbid")
         id: str | None = None
         text: Text
-        embedding: list[float] | None = None
-        atoms: list[list[float]] | None = None
+        embedding: list[float] | str | None = None
+        atoms: list[list[float]] | str | None = None
         metadata: dict[str, Any] | None = None
 
     class BudgetIn(BaseModel):
@@ -308,7 +312,7 @@ def request_models(limits: Limits) -> tuple[type[BaseModel], type[BaseModel]]:
         candidates: list[CandidateIn] = Field(min_length=1, max_length=limits.max_candidates)
         budget: BudgetIn
         dataset: str | None = None
-        query_embedding: list[float] | None = None
+        query_embedding: list[float] | str | None = None
         subquestions: list[Text] | None = None
         blend_weight: float | None = Field(None, ge=0.0, le=1.0)
 

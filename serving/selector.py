@@ -10,6 +10,8 @@ the content hash the version carries; untrained ones need none. Nothing here imp
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import threading
@@ -56,8 +58,9 @@ class Candidate:
 
 
 def as_candidates(items: Sequence) -> list[Candidate]:
-    """Texts, `{id, text, embedding?, atoms?, metadata?}` records or Candidates as Candidates; a ServingError
-    naming `candidates[i].<field>` for the first that is not one, and for duplicate ids."""
+    """Texts, `{id, text, embedding?, atoms?, metadata?}` records or Candidates as Candidates (embeddings and
+    atoms as numbers or `vectors_base64` strings); a ServingError naming `candidates[i].<field>` for the first
+    that is not one, and for duplicate ids."""
     if isinstance(items, (str, bytes)) or not isinstance(items, Sequence) or not len(items):
         raise ServingError("candidates: expected a non-empty list of texts or {id, text} records")
     found = []
@@ -73,9 +76,10 @@ def as_candidates(items: Sequence) -> list[Candidate]:
                                    "embedding, atoms, metadata")
             if not isinstance(item.get("text"), str):
                 raise ServingError(f"candidates[{i}].text: expected a string, got {type(item.get('text')).__name__}")
-            candidate = Candidate(str(item.get("id", i)), item["text"],
-                                  _vectors(item.get("embedding"), f"candidates[{i}].embedding", 1),
-                                  _vectors(item.get("atoms"), f"candidates[{i}].atoms", 2),
+            embedding = _vectors(item.get("embedding"), f"candidates[{i}].embedding", 1)
+            candidate = Candidate(str(item.get("id", i)), item["text"], embedding,
+                                  _vectors(item.get("atoms"), f"candidates[{i}].atoms", 2,
+                                           None if embedding is None else len(embedding)),
                                   dict(item.get("metadata") or {}))
         else:
             raise ServingError(f"candidates[{i}]: expected a text or an {{id, text}} record, got "
@@ -90,15 +94,44 @@ def as_candidates(items: Sequence) -> list[Candidate]:
     return found
 
 
-def _vectors(value, where: str, ndim: int) -> np.ndarray | None:
+def vectors_base64(array) -> str:
+    """Vectors in their compact wire form: base64 of little-endian float32 values, row-major (a matrix's rows
+    as long as the candidate's embedding). A request's embeddings and atoms may be numbers or this: a body
+    of 100 candidates with ~10 atoms each is ~2 MB instead of ~9 MB of JSON numbers, and parses in
+    milliseconds."""
+    return base64.b64encode(np.ascontiguousarray(array, dtype="<f4").tobytes()).decode("ascii")
+
+
+def _vectors(value, where: str, ndim: int, width: int | None = None) -> np.ndarray | None:
+    """`value` (numbers, nested lists, an array or `vectors_base64`'s string) as a finite float vector
+    (ndim 1) or matrix of one row per atom (ndim 2; a base64 matrix's rows are `width` long); a ServingError
+    naming `where` otherwise."""
     if value is None:
         return None
-    try:
-        array = np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        raise ServingError(f"{where}: expected numbers") from None
-    if array.ndim != ndim or not np.isfinite(array).all():
-        raise ServingError(f"{where}: expected a finite {'vector' if ndim == 1 else 'matrix (one row per atom)'}")
+    shape = "vector" if ndim == 1 else "matrix (one row per atom)"
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ServingError(f"{where}: a string must be base64 of little-endian float32 values") from None
+        if len(raw) % 4:
+            raise ServingError(f"{where}: {len(raw)} bytes of base64 are not whole float32 values")
+        array = np.frombuffer(raw, dtype="<f4").astype(float)
+        if ndim == 2:
+            if width is None:
+                raise ServingError(f"{where}: a base64 matrix takes its row length from the candidate's embedding; "
+                                   "give the embedding too")
+            if not len(array) or len(array) % width:
+                raise ServingError(f"{where}: {len(array)} float32 values are not whole rows of {width} (the "
+                                   "embedding's length)")
+            array = array.reshape(-1, width)
+    else:
+        try:
+            array = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            raise ServingError(f"{where}: expected numbers") from None
+    if array.ndim != ndim or not array.size or not np.isfinite(array).all():
+        raise ServingError(f"{where}: expected a finite {shape}")
     return array
 
 

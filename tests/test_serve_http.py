@@ -25,7 +25,7 @@ from covlab.models.registry import SelectorSettings, method
 from covlab.models.selectors import Budget
 from covlab.models.tokens import TokenCounter
 from covlab.serving.http import Limits, ServedMethods, create_app, service_secrets
-from covlab.serving.selector import ContextSelector, load_selector
+from covlab.serving.selector import ContextSelector, load_selector, vectors_base64
 from fixed_encoder import FixedEncoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,12 +77,17 @@ def test_precomputed_embeddings_and_the_encoder_limit_are_served_as_the_library_
     candidates = [{"id": "given", "text": long_text, "embedding": vectors[0].tolist()},
                   {"id": "encoded", "text": long_text + " market"}, *PASSAGES[1:]]
     served = ServedMethods(["mmr"], lambda name: selector(name, FixedEncoder(max_tokens=30)), no_registry)
+    packed = [{**candidates[0], "embedding": vectors_base64(vectors[0])}, *candidates[1:]]  # float32 on the wire
     with TestClient(create_app(served)) as test_client:
         answer = test_client.post("/v1/select", json=body(candidates=candidates, query_embedding=vectors[-1].tolist(),
                                                           budget={"k": 3})).json()
+        as_base64 = test_client.post("/v1/select", json=body(candidates=packed, budget={"k": 3},
+                                                             query_embedding=vectors_base64(vectors[-1]))).json()
     expected = selector("mmr", FixedEncoder(max_tokens=30)).select("What is there to do in the old town?", candidates,
                                                                    Budget(k=3), query_embedding=vectors[-1])
     assert answer == json.loads(json.dumps(expected.to_dict()))
+    assert [c["id"] for c in as_base64["chosen"]] == [c["id"] for c in answer["chosen"]]
+    assert [c["gain"] for c in as_base64["chosen"]] == pytest.approx([c["gain"] for c in answer["chosen"]], abs=1e-6)
     # counted in full, named as read from its beginning only; the one whose embedding was given is not
     assert answer["over_encoder_limit"] == [{"id": "encoded", "tokens": 41, "encoded_tokens": 30}]
 
@@ -113,6 +118,7 @@ def test_a_bad_field_is_refused_naming_it(client, change, status, where, words):
     ({"candidates": [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}]}, 400, "id 'a' appears more than once"),
     ({"query": "   "}, 400, "query: expected a non-empty string"),
     ({"candidates": [{"text": "x", "embedding": [1.0, "nan"]}]}, 400, "candidates[0].embedding: expected a finite"),
+    ({"candidates": [{"text": "x", "embedding": "1.0, 2.0"}]}, 400, "candidates[0].embedding: a string must be base64"),
 ])
 def test_a_request_the_selector_refuses_answers_400_with_its_reason(client, change, status, words):
     answer = client.post("/v1/select", json=body(**change))

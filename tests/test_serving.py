@@ -2,6 +2,7 @@
 own on the same pool (the pipeline's objects), says why each candidate is in or out, refuses bad requests by
 field, and the serving path imports no Dagster code."""
 
+import base64
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from covlab.models.lmvu import FEATURE_NAMES, LMVURanker
 from covlab.models.registry import SelectorSettings, method
 from covlab.models.selectors import MMR, AdaGReS, Budget, FacilityLocation, Pool, RelevanceOrder
 from covlab.models.tokens import TokenCounter
-from covlab.serving import SERVABLE, ServingError, load_selector
+from covlab.serving import SERVABLE, ServingError, load_selector, vectors_base64
 from covlab.serving.selector import ContextSelector, as_candidates
 from fixed_encoder import FixedEncoder
 
@@ -68,6 +69,39 @@ def test_precomputed_embeddings_replace_the_encoder_and_only_lmvu_reads_atoms():
     ranker = LMVURanker(FEATURE_NAMES, np.zeros(18), np.ones(18), np.ones(18), 1.0, "viewpoints")
     served("lmvu", encoder, model=ranker).select("q", long, Budget(k=1))
     assert encoder.encoded == ["q", *long, PASSAGES[0], PASSAGES[2]]  # LMVU's atoms: the first one's sentences
+
+
+def test_base64_float32_vectors_select_as_their_numbers_do_and_bad_ones_are_refused_by_field():
+    texts = [PASSAGES[0] + " " + PASSAGES[2], PASSAGES[1], PASSAGES[3] + " " + PASSAGES[4], PASSAGES[2]]
+    encoder = FixedEncoder()
+    vectors = encoder(texts + ["q"])
+    atoms = [encoder([PASSAGES[0], PASSAGES[2]]), vectors[1:2], encoder([PASSAGES[3], PASSAGES[4]]), vectors[3:4]]
+    as_numbers = [{"id": f"d{i}", "text": t, "embedding": vectors[i].tolist(), "atoms": atoms[i].tolist()}
+                  for i, t in enumerate(texts)]
+    as_base64 = [{**c, "embedding": vectors_base64(vectors[i]), "atoms": vectors_base64(atoms[i])}
+                 for i, c in enumerate(as_numbers)]
+    ranker = LMVURanker(FEATURE_NAMES, np.zeros(18), np.ones(18), np.linspace(-1, 1, 18), 1.0, "viewpoints")
+    parsed = as_candidates(as_base64)
+    assert all(np.abs(c.atoms - a).max() < 1e-7 and c.atoms.shape == a.shape for c, a in zip(parsed, atoms))
+    lmvu = served("lmvu", encoder, model=ranker)
+    answers = [lmvu.select("q", c, Budget(k=2), query_embedding=q)
+               for c, q in ((as_numbers, vectors[-1]), (as_base64, vectors_base64(vectors[-1])))]
+    assert len(answers[0].ids) == 2 and answers[0].ids == answers[1].ids
+    assert [c.gain for c in answers[0].chosen] == pytest.approx([c.gain for c in answers[1].chosen], abs=1e-5)
+
+    one = dict(as_base64[0])
+    for change, words in [({"atoms": "not base64!"}, "candidates[0].atoms: a string must be base64"),
+                          ({"embedding": base64.b64encode(bytes(30)).decode()},
+                           "candidates[0].embedding: 30 bytes of base64 are not whole float32 values"),
+                          ({"atoms": vectors_base64(atoms[0].ravel()[:-1])},
+                           "candidates[0].atoms: 15 float32 values are not whole rows of 8"),
+                          ({"atoms": ""}, "candidates[0].atoms: 0 float32 values"),
+                          ({"embedding": None}, "candidates[0].atoms: a base64 matrix takes its row length"),
+                          ({"embedding": vectors_base64(np.array([1.0, np.nan]))},
+                           "candidates[0].embedding: expected a finite vector")]:
+        with pytest.raises(ServingError) as refused:
+            as_candidates([{k: v for k, v in {**one, **change}.items() if v is not None}])
+        assert words in str(refused.value)
 
 
 def test_left_out_reasons_name_the_budget_the_duplicate_and_the_covered_facet():
