@@ -4,7 +4,8 @@
     covlab materialize --dataset longdoc --config configs/longdoc.yaml
 
 and from the run's event log each step's wall time (Dagster's step stats) with the peak RSS the heavy
-steps record themselves (`peak_rss_mib`), and the whole process's peak RSS (getrusage of the child).
+steps record themselves (`peak_rss_mib`), and the whole run's peak RSS (the largest of those and the child's
+getrusage).
 Targets: the whole partition in 30 min or less on 2 cores and a peak under 6 GB. With `--device cuda` the
 run's `device` resource is forced to the GPU (everything else the same).
 
@@ -102,8 +103,12 @@ def main() -> None:
     covlab(["dataset", "add", "longdoc", "--format", "covlab", "--path", str(data)], env)
     covlab(["materialize", "--dataset", "longdoc", "--config", str(run_config(args.device, home))], env)
     wall = round(time.perf_counter() - started, 1)
-    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
     rows, run_seconds = step_table(env)
+    # The heavy steps reset the process's high-water mark as they start (resources/device.py reset_peak_rss), and
+    # the child's ru_maxrss is that mark at exit: the peak since the last reset. The run's peak is the larger of it
+    # and every step's own.
+    peak_mib = max([resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,  # KiB on Linux
+                    *(r["peak_rss_mib"] for r in rows if r["peak_rss_mib"] is not None)])
 
     print(f"\nlongdoc --profile {args.profile}, device {args.device}, {os.cpu_count()} CPUs")
     print(f"{'step':<40} {'seconds':>9} {'share':>6} {'peak RSS MiB':>13}")
@@ -111,7 +116,7 @@ def main() -> None:
         peak = f"{row['peak_rss_mib']:.0f}" if row["peak_rss_mib"] is not None else "-"
         print(f"{row['step']:<40} {row['seconds']:>9.1f} {row['seconds'] / run_seconds:>6.1%} {peak:>13}")
     print(f"{'materialize run':<40} {run_seconds:>9.1f}")
-    print(f"{'all three commands':<40} {wall:>9.1f}   process peak RSS {peak_mib:.0f} MiB")
+    print(f"{'all three commands':<40} {wall:>9.1f}   run peak RSS {peak_mib:.0f} MiB")
     verdict = {"within_30_min": run_seconds <= TARGET_SECONDS, "peak_under_6_gb": peak_mib < TARGET_PEAK_MIB}
     print("targets: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in verdict.items()))
     output = args.output or ROOT / "bench" / "results" / (
@@ -119,7 +124,7 @@ def main() -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps({"profile": args.profile, "device": args.device, "cpus": os.cpu_count(),
                                   "run_seconds": run_seconds, "commands_seconds": wall,
-                                  "process_peak_rss_mib": round(peak_mib, 1), "targets": verdict, "steps": rows},
+                                  "run_peak_rss_mib": round(peak_mib, 1), "targets": verdict, "steps": rows},
                                  indent=2))
     print(f"written {output}")
 
