@@ -5,10 +5,11 @@ token budgets, coverage_report, comparison_report). Each report's per-query figu
 results store and compared, paired over queries (models/statistics.py, 95% percentile bootstrap):
 
 - each mode's coverage greedy, hard and soft (each the estimator gate and the blend with its fallback chosen on
-  the tune split), against its fallback, relevance order;
+  the tune split), against its fallback order: the coverage-trained bi-encoder's at k (coverage_report's
+  `relevance_coverage_trained`, what selection_coverage_greedy falls back to), relevance under token budgets;
 - the first two modes against each other;
-- the gold nuggets as subquestions (the same estimator over the gold decomposition, soft greedy) against relevance:
-  the bound a decomposition could reach.
+- the gold nuggets as subquestions (the same estimator over the gold decomposition, soft greedy) against the
+  fallback: the bound a decomposition could reach.
 
 Measures: alpha-nDCG@k for coverage_report's selections at k, RVC1 for comparison_report's token budgets.
 
@@ -40,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHANGED = ["subquestions", "estimated_coverage_matrix", "selection_coverage_greedy", "selection_coverage_greedy_soft",
            "budgeted_coverage_greedy", "budgeted_coverage_greedy_soft", "coverage_report", "comparison_report"]
 REPORTS = {"coverage_report": "k", "comparison_report": "budget"}
-FALLBACK, BOUND = "relevance", "gold_nugget_bound_soft"
+# The order each report's coverage-greedy selections fall back to (and blend with)
+FALLBACK = {"coverage_report": "relevance_coverage_trained", "comparison_report": "relevance"}
+BOUND = "gold_nugget_bound_soft"
 GREEDY = ("coverage_greedy", "coverage_greedy_soft")
 
 
@@ -92,16 +95,16 @@ def table(by_mode: dict[str, dict[str, pd.DataFrame]], splits: list[str]) -> lis
             for split in splits:
                 def series(mode, method):
                     return cut(by_mode[mode][report], method, split, metric, where, at)
-                fallback = series(modes[0], FALLBACK)
+                fallback = series(modes[0], FALLBACK[report])
                 if fallback.empty:
                     continue
                 base = {"report": report, "at": f"{where}={int(at)}", "split": split, "metric": metric}
-                rows.append({**base, "compared": f"{BOUND} - {FALLBACK}",
+                rows.append({**base, "compared": f"{BOUND} - {FALLBACK[report]}",
                              **paired(series(modes[0], BOUND), fallback)})
                 for method in GREEDY:
                     for mode in modes:
-                        rows.append({**base, "compared": f"{mode} {method} - {FALLBACK}",
-                                     **paired(series(mode, method), series(mode, FALLBACK))})
+                        rows.append({**base, "compared": f"{mode} {method} - {FALLBACK[report]}",
+                                     **paired(series(mode, method), series(mode, FALLBACK[report]))})
                     if len(modes) > 1:
                         rows.append({**base, "compared": f"{modes[0]} - {modes[1]} ({method})",
                                      **paired(series(modes[0], method), series(modes[1], method))})
@@ -138,9 +141,9 @@ def main() -> None:
     rows = table(by_mode, args.splits)
 
     print(f"\n{args.dataset}: offline decompositions, paired over queries (95% bootstrap CI)")
-    print(f"{'at':<12} {'split':<6} {'compared':<52} {'n':>4} {'a':>7} {'b':>7} {'a - b':>8} {'95% CI':>19} {'W/L':>7}")
+    print(f"{'at':<12} {'split':<6} {'compared':<60} {'n':>4} {'a':>7} {'b':>7} {'a - b':>8} {'95% CI':>19} {'W/L':>7}")
     for r in rows:
-        print(f"{r['at']:<12} {r['split']:<6} {r['compared']:<52} {r['n']:>4} {r['mean_a']:>7.3f} {r['mean_b']:>7.3f} "
+        print(f"{r['at']:<12} {r['split']:<6} {r['compared']:<60} {r['n']:>4} {r['mean_a']:>7.3f} {r['mean_b']:>7.3f} "
               f"{r['mean_difference']:>+8.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] {r['wins']:>3}/{r['losses']:<3}")
     output = args.output or ROOT / "bench" / "results" / f"decompositions_{args.dataset}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
