@@ -34,17 +34,32 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from covlab.models.metrics import ALPHA_NDCG, RVC1
+from covlab.models.registry import Coverage, Report, method, methods
+
 ROOT = Path(__file__).resolve().parents[1]
 # What a decomposition changes for the two reports: the subquestions, the estimated matrix over them, the
 # coverage-greedy selections on it (at k and under token budgets) and the reports. The estimator, the gold
 # nuggets' matrix and the MCompass assets are left as the home holds them.
 CHANGED = ["subquestions", "estimated_coverage_matrix", "selection_coverage_greedy", "selection_coverage_greedy_soft",
            "budgeted_coverage_greedy", "budgeted_coverage_greedy_soft", "coverage_report", "comparison_report"]
-REPORTS = {"coverage_report": "k", "comparison_report": "budget"}
-# The order each report's coverage-greedy selections fall back to (and blend with)
-FALLBACK = {"coverage_report": "relevance_coverage_trained", "comparison_report": "relevance"}
+REPORTS = {Report.COVERAGE: "k", Report.COMPARISON: "budget"}
 BOUND = "gold_nugget_bound_soft"
-GREEDY = ("coverage_greedy", "coverage_greedy_soft")
+
+
+def fallback(report: Report) -> str:
+    """The method that is, on its own, the order coverage greedy falls back to (and blends with) in `report`:
+    under token budgets relevance order (those pools are ranked by cosine to the query), at k the unestimated
+    ranking by the pool order coverage greedy reads (the registry's `order`: the coverage-trained bi-encoder's)."""
+    if report is Report.COMPARISON:
+        return "relevance"
+    order = method("coverage_greedy").order
+    return next(m.name for m in methods(report) if m.order is order and m.coverage is Coverage.NONE)
+
+
+def measure(report: Report, at: int) -> str:
+    """The figure a decomposition is judged by: alpha-nDCG@k at k, RVC1 under a token budget."""
+    return str(ALPHA_NDCG @ at) if report is Report.COVERAGE else str(RVC1)
 
 
 def mode_config(config_path: Path, mode: str, folder: Path) -> Path:
@@ -65,9 +80,9 @@ def reports(dataset: str) -> dict[str, pd.DataFrame]:
     store = default_resources()["results"]
     found = {}
     for report in REPORTS:
-        stored = store.latest_report(dataset, report)
+        stored = store.latest_report(dataset, report.value)
         if stored is None:
-            raise SystemExit(f"no {report} of {dataset!r} in the results store of {os.environ['COVLAB_HOME']}")
+            raise SystemExit(f"no {report.value} of {dataset!r} in the results store of {os.environ['COVLAB_HOME']}")
         found[report] = stored.figures[stored.figures["query_id"].notna()]
     return found
 
@@ -78,7 +93,7 @@ def cut(figures: pd.DataFrame, method: str, split: str, metric: str, where: str,
     return rows.set_index("query_id")["value"].astype(float)
 
 
-def table(by_mode: dict[str, dict[str, pd.DataFrame]], splits: list[str]) -> list[dict]:
+def table(by_mode: dict[str, dict[Report, pd.DataFrame]], splits: list[str]) -> list[dict]:
     from covlab.models.statistics import paired_comparison
 
     def paired(a: pd.Series, b: pd.Series) -> dict:
@@ -89,25 +104,25 @@ def table(by_mode: dict[str, dict[str, pd.DataFrame]], splits: list[str]) -> lis
     modes = list(by_mode)
     rows = []
     for report, where in REPORTS.items():
-        first = by_mode[modes[0]][report]
-        metric = next(m for m in first["metric"].unique() if m.startswith("alpha")) if where == "k" else "rvc1"
-        for at in sorted(first[where].dropna().unique()):
+        base_order = fallback(report)
+        greedy = [m.name for m in methods(report) if m.coverage is Coverage.ESTIMATED]
+        for at in sorted(by_mode[modes[0]][report][where].dropna().unique()):
+            metric = measure(report, int(at))
             for split in splits:
-                def series(mode, method):
-                    return cut(by_mode[mode][report], method, split, metric, where, at)
-                fallback = series(modes[0], FALLBACK[report])
-                if fallback.empty:
+                def series(mode, name):
+                    return cut(by_mode[mode][report], name, split, metric, where, at)
+                if series(modes[0], base_order).empty:
                     continue
-                base = {"report": report, "at": f"{where}={int(at)}", "split": split, "metric": metric}
-                rows.append({**base, "compared": f"{BOUND} - {FALLBACK[report]}",
-                             **paired(series(modes[0], BOUND), fallback)})
-                for method in GREEDY:
+                base = {"report": report.value, "at": f"{where}={int(at)}", "split": split, "metric": metric}
+                rows.append({**base, "compared": f"{BOUND} - {base_order}",
+                             **paired(series(modes[0], BOUND), series(modes[0], base_order))})
+                for name in greedy:
                     for mode in modes:
-                        rows.append({**base, "compared": f"{mode} {method} - {FALLBACK[report]}",
-                                     **paired(series(mode, method), series(mode, FALLBACK[report]))})
+                        rows.append({**base, "compared": f"{mode} {name} - {base_order}",
+                                     **paired(series(mode, name), series(mode, base_order))})
                     if len(modes) > 1:
-                        rows.append({**base, "compared": f"{modes[0]} - {modes[1]} ({method})",
-                                     **paired(series(modes[0], method), series(modes[1], method))})
+                        rows.append({**base, "compared": f"{modes[0]} - {modes[1]} ({name})",
+                                     **paired(series(modes[0], name), series(modes[1], name))})
     return rows
 
 

@@ -94,6 +94,7 @@ def test_budgeted_comparison_on_demo_fits_every_budget_and_reports_every_method(
     event = result.asset_materializations_for_node("comparison_report")[0]
     assert "lmvu" in event.metadata["summary"].value and "rvc2_headroom" in event.metadata["headroom"].value
     assert re.search(r"\| lmvu +\| mmr +\| +\d+ \| ", event.metadata["paired"].value)  # flat labels, no tuple
+    assert event.metadata["paired"].value.startswith("rvc1 only")  # the pairs shown are the headline metric's
     stored = default_resources(home)["results"].figures(dataset="demo", method="lmvu", metric="rvc1", budget=128)
     assert len(stored) and set(stored["budget"]) == {128}
     ranker = result.asset_materializations_for_node("lmvu_ranker")[0].metadata
