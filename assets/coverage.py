@@ -228,6 +228,9 @@ class BiencoderConfig(Config):
     batch_size: int = Field(8, description="groups per batch (in-batch negatives come from the other groups)")
     learning_rate: float = Field(2e-5, description="AdamW learning rate")
     max_length: int = Field(256, description="tokens per text")
+    activation_checkpointing: bool = Field(
+        False, description="recompute each layer's activations in the backward pass: the same weights, a peak "
+                           "memory that no longer holds every layer's activations of the batch, ~1/3 more time")
     states_per_query: int = Field(4, description="simulated covered states per training query")
     max_negatives: int = Field(7, description="negatives per group")
     seed: int = Field(0, description="seed for states, sampling and training")
@@ -252,7 +255,8 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
         model, tokenizer, history = train_coverage_biencoder(
             config.base_model or default_base_model(), groups, temperature=config.temperature, epochs=config.epochs,
             batch_size=config.batch_size, learning_rate=config.learning_rate, max_length=config.max_length,
-            seed=config.seed, device=device.torch_device(), progress=step_progress(context), on_epoch=training.on_epoch)
+            seed=config.seed, device=device.torch_device(), activation_checkpointing=config.activation_checkpointing,
+            progress=step_progress(context), on_epoch=training.on_epoch)
         with tempfile.TemporaryDirectory() as work:
             save_biencoder(model, tokenizer, work, max_length=config.max_length, history=history,
                            settings=config.model_dump())

@@ -142,6 +142,22 @@ def test_same_seed_same_weights_other_seed_other_weights(tiny_model, demo_groups
     assert not _state_equal(other, trained[0])
 
 
+def test_activation_checkpointing_trains_the_same_weights(tiny_model, demo_groups, trained):
+    # Recomputing each layer in the backward pass (dropout replayed) is a memory setting, not a method change:
+    # the same seed gives the same weights and losses, and the returned model is left without checkpointing.
+    during = []
+
+    def checkpointing_on(model, tokenizer) -> dict:
+        during.append(any(getattr(m, "gradient_checkpointing", False) for m in model.modules()))
+        return {}
+
+    checkpointed, _, history = train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING,
+                                                        activation_checkpointing=True, after_epoch=checkpointing_on)
+    assert during == [True, True]
+    assert _state_equal(checkpointed, trained[0]) and history == trained[2]
+    assert not any(getattr(m, "gradient_checkpointing", False) for m in checkpointed.modules())
+
+
 def test_encode_gives_unit_vectors_in_input_order(trained, demo_dataset):
     model, tokenizer, _ = trained
     texts = list(demo_dataset.corpus["text"][:40])
