@@ -230,7 +230,7 @@ class BiencoderConfig(Config):
     max_length: int = Field(256, description="tokens per text")
     activation_checkpointing: bool = Field(
         False, description="recompute each layer's activations in the backward pass: the same weights, a peak "
-                           "memory that no longer holds every layer's activations of the batch, ~1/3 more time")
+                           "memory that no longer holds every layer's activations of the batch, a second forward pass")
     states_per_query: int = Field(4, description="simulated covered states per training query")
     max_negatives: int = Field(7, description="negatives per group")
     seed: int = Field(0, description="seed for states, sampling and training")

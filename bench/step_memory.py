@@ -60,8 +60,7 @@ def measure(profile: str, max_length: int, checkpointing: str) -> dict:
                "TOKENIZERS_PARALLELISM": "false"}
         started = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", CHILD, profile, f"{home}/data", str(max_length), checkpointing],
-                              env=env,
-                              capture_output=True, text=True, timeout=3600)
+                              env=env, capture_output=True, text=True, timeout=3600)
         if done.returncode != 0:
             raise SystemExit(f"profile {profile}: the run failed\n{done.stderr[-3000:]}")
         line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))

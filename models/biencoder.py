@@ -204,8 +204,8 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
     (model in eval mode, tokenizer) returns, e.g. a dev score; `on_epoch(epoch, figures)` gets those figures
     as soon as an epoch ends. `activation_checkpointing` keeps only each layer's input during the forward pass
     and recomputes the rest in the backward (Hugging Face's activation checkpointing, dropout replayed): the
-    same weights, a peak that no longer holds every layer's activations of the batch's ~72 texts, about a
-    third more time. Bit-identical on CPU per seed."""
+    same weights, a peak that no longer holds every layer's activations of the batch's ~72 texts, for a second
+    forward pass of each layer (bench/step_memory.py measures both). Bit-identical on CPU per seed."""
     from transformers import AutoModel, AutoTokenizer
 
     if not groups:
