@@ -112,9 +112,13 @@ class SelectionState:
         self._near_duplicates = np.zeros(n)
         self._basis = np.zeros((0, pool.embeddings.shape[1]))  # orthonormal rows spanning the selected items
         self._projection_sq = np.zeros(n)  # |projection of e_d onto the span|^2
-        by_item = np.argsort(pool.atom_items, kind="stable")
-        self._atoms = pool.atoms[by_item]
-        self._atom_starts = np.searchsorted(pool.atom_items[by_item], np.arange(n))
+        atom_items = pool.atom_items
+        if (atom_items[1:] >= atom_items[:-1]).all():  # grouped by item already, as pools are built: no copy
+            self._atoms = pool.atoms
+        else:
+            by_item = np.argsort(atom_items, kind="stable")
+            self._atoms, atom_items = pool.atoms[by_item], atom_items[by_item]
+        self._atom_starts = np.searchsorted(atom_items, np.arange(n))
         self._atom_counts = np.diff(np.append(self._atom_starts, len(self._atoms)))
         self._atom_covered = np.zeros(len(self._atoms))  # max(0, max cosine to an atom of a selected item)
 
@@ -244,8 +248,16 @@ class LMVU:
         pool.require("embeddings", self.name)
         order = relevance_order(pool)
         state = SelectionState(pool, budget)
-        return GreedySteps(order, state.costs[order], lambda: self.ranker.scores(state.features())[order],
-                           lambda best: state.add(int(order[best])))
+        chosen: list[int] = []  # added to the state when the next step's scores are asked for: after the last
+        # choice nothing fits, so the most expensive update of the walk (every atom against the added item's)
+        # is never made
+
+        def scores() -> np.ndarray:
+            while chosen:
+                state.add(int(order[chosen.pop(0)]))
+            return self.ranker.scores(state.features())[order]
+
+        return GreedySteps(order, state.costs[order], scores, chosen.append)
 
     def __call__(self, pool: Pool, budget: Budget) -> Selection:
         return run_greedy(pool, self.steps(pool, budget), budget)

@@ -150,7 +150,7 @@ class Pool:
             if tokens.shape != (n,) or (n and (not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 1)):
                 raise ValueError(f"tokens must be {n} positive integers (one per item); got shape {tokens.shape}, "
                                  f"dtype {tokens.dtype}")
-            object.__setattr__(self, "tokens", _read_only(tokens.astype(np.int64)))
+            object.__setattr__(self, "tokens", _read_only(tokens.astype(np.int64), self.tokens))
         if self.relevance is None:
             relevance = self.query_similarity
         else:
@@ -164,7 +164,7 @@ class Pool:
                 raise ValueError(f"covers must be an (n_items={n}, n_viewpoints) matrix; got shape {covers.shape}")
             if not ((covers >= 0) & (covers <= 1)).all():
                 raise ValueError("covers must hold probabilities in [0, 1] or 0/1")
-            object.__setattr__(self, "covers", _read_only(covers))
+            object.__setattr__(self, "covers", _read_only(covers, self.covers))
         if self.source_units is not None:
             units = np.asarray(self.source_units)
             if units.shape != (n,):
@@ -185,8 +185,8 @@ class Pool:
         query = np.asarray(self.query, dtype=float) if self.query is not None else np.zeros(0)
         if query.shape != (dim,) or not np.isfinite(query).all() or not np.linalg.norm(query) > 0:
             raise ValueError(f"query must be a finite non-zero vector of dimension {dim}; got shape {query.shape}")
-        object.__setattr__(self, "embeddings", _read_only(embeddings))
-        object.__setattr__(self, "query", _read_only(query))
+        object.__setattr__(self, "embeddings", _read_only(embeddings, self.embeddings))
+        object.__setattr__(self, "query", _read_only(query, self.query))
         if (self.atoms is None) != (self.atom_items is None):
             raise ValueError("atoms and atom_items go together: give both or neither")
         if self.atoms is None:
@@ -198,11 +198,13 @@ class Pool:
                                  f"shapes {atoms.shape} and {items.shape}")
             if not np.issubdtype(items.dtype, np.integer) or not np.array_equal(np.unique(items), np.arange(n)):
                 raise ValueError(f"atom_items must be item indices in [0, {n}) naming every item at least once")
-            norms = np.linalg.norm(atoms, axis=1)
-            if not np.isfinite(atoms).all() or (np.abs(norms - 1) > NORM_TOLERANCE).any():
+            # A row holding an infinity or a NaN has an infinite or NaN norm, which fails the comparison: one pass
+            # checks both (the atoms are most of a served request's numbers).
+            norms = np.sqrt(np.einsum("ij,ij->i", atoms, atoms))
+            if not (np.abs(norms - 1) <= NORM_TOLERANCE).all():
                 raise ValueError("atoms must be finite with L2-normalised rows")
-        object.__setattr__(self, "atoms", _read_only(atoms))
-        object.__setattr__(self, "atom_items", _read_only(items.astype(np.int64)))
+        object.__setattr__(self, "atoms", _read_only(atoms, self.atoms))
+        object.__setattr__(self, "atom_items", _read_only(items.astype(np.int64), self.atom_items))
         return n
 
     @property
@@ -846,7 +848,12 @@ def _similarity_bytes(pool: Pool) -> int:
     return 2 * pool.size * pool.size * 8
 
 
-def _read_only(array: np.ndarray) -> np.ndarray:
-    array = np.array(array)  # a private copy, so the caller's array stays writable and unaliased
+def _read_only(array: np.ndarray, given=None) -> np.ndarray:
+    """`array`, read-only and the pool's own: a private copy, so that the caller's array stays writable and
+    unaliased, unless `array` is a new array made from `given`, the caller's value (a conversion or a cast that
+    copied: it owns its memory and is not `given` itself), which nobody else holds. A served request's atoms
+    (megabytes) are then converted once and never copied again."""
+    if given is None or array is given or not array.flags.owndata:
+        array = np.array(array)
     array.setflags(write=False)
     return array
