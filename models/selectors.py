@@ -150,29 +150,29 @@ class Pool:
             if tokens.shape != (n,) or (n and (not np.issubdtype(tokens.dtype, np.integer) or tokens.min() < 1)):
                 raise ValueError(f"tokens must be {n} positive integers (one per item); got shape {tokens.shape}, "
                                  f"dtype {tokens.dtype}")
-            object.__setattr__(self, "tokens", _read_only(tokens.astype(np.int64), self.tokens))
+            object.__setattr__(self, "tokens", _read_only(tokens.astype(np.int64)))
         if self.relevance is None:
             relevance = self.query_similarity
         else:
-            relevance = np.asarray(self.relevance, dtype=float)
+            relevance = np.array(self.relevance, dtype=float)
             if relevance.shape != (n,) or not np.isfinite(relevance).all():
                 raise ValueError(f"relevance must be {n} finite scores; got shape {relevance.shape}")
         object.__setattr__(self, "relevance", _read_only(relevance))
         if self.covers is not None:
-            covers = np.asarray(self.covers, dtype=float)
+            covers = np.array(self.covers, dtype=float)
             if covers.ndim != 2 or covers.shape[0] != n:
                 raise ValueError(f"covers must be an (n_items={n}, n_viewpoints) matrix; got shape {covers.shape}")
             if not ((covers >= 0) & (covers <= 1)).all():
                 raise ValueError("covers must hold probabilities in [0, 1] or 0/1")
-            object.__setattr__(self, "covers", _read_only(covers, self.covers))
+            object.__setattr__(self, "covers", _read_only(covers))
         if self.source_units is not None:
-            units = np.asarray(self.source_units)
+            units = np.array(self.source_units)
             if units.shape != (n,):
                 raise ValueError(f"source_units must hold one label per item ({n}); got shape {units.shape}")
             object.__setattr__(self, "source_units", _read_only(units))
 
     def _set_embeddings(self) -> int:
-        embeddings = np.asarray(self.embeddings, dtype=float)
+        embeddings = np.array(self.embeddings, dtype=float)
         if embeddings.ndim != 2:
             raise ValueError(f"embeddings must be a 2-D (n_items, dim) matrix; got shape {embeddings.shape}")
         n, dim = embeddings.shape
@@ -182,17 +182,17 @@ class Pool:
         off = np.flatnonzero(np.abs(norms - 1) > NORM_TOLERANCE)
         if len(off):
             raise ValueError(f"embeddings must have L2-normalised rows; row {off[0]} has norm {norms[off[0]]:.6f}")
-        query = np.asarray(self.query, dtype=float) if self.query is not None else np.zeros(0)
+        query = np.array(self.query, dtype=float) if self.query is not None else np.zeros(0)
         if query.shape != (dim,) or not np.isfinite(query).all() or not np.linalg.norm(query) > 0:
             raise ValueError(f"query must be a finite non-zero vector of dimension {dim}; got shape {query.shape}")
-        object.__setattr__(self, "embeddings", _read_only(embeddings, self.embeddings))
-        object.__setattr__(self, "query", _read_only(query, self.query))
+        object.__setattr__(self, "embeddings", _read_only(embeddings))
+        object.__setattr__(self, "query", _read_only(query))
         if (self.atoms is None) != (self.atom_items is None):
             raise ValueError("atoms and atom_items go together: give both or neither")
         if self.atoms is None:
             atoms, items = self.embeddings, np.arange(n)
         else:
-            atoms, items = np.asarray(self.atoms, dtype=float), np.asarray(self.atom_items)
+            atoms, items = np.array(self.atoms, dtype=float), np.asarray(self.atom_items)
             if atoms.ndim != 2 or atoms.shape[1] != dim or items.shape != (len(atoms),):
                 raise ValueError(f"atoms must be an (m, {dim}) matrix with one atom_items entry per row; got "
                                  f"shapes {atoms.shape} and {items.shape}")
@@ -203,8 +203,8 @@ class Pool:
             norms = np.sqrt(np.einsum("ij,ij->i", atoms, atoms))
             if not (np.abs(norms - 1) <= NORM_TOLERANCE).all():
                 raise ValueError("atoms must be finite with L2-normalised rows")
-        object.__setattr__(self, "atoms", _read_only(atoms, self.atoms))
-        object.__setattr__(self, "atom_items", _read_only(items.astype(np.int64), self.atom_items))
+        object.__setattr__(self, "atoms", _read_only(atoms))
+        object.__setattr__(self, "atom_items", _read_only(items.astype(np.int64)))
         return n
 
     @property
@@ -235,8 +235,8 @@ class Selection:
     tokens: int | None
 
     def __post_init__(self):
-        items = np.asarray(self.items, dtype=np.int64)
-        gains = np.asarray(self.gains, dtype=float)
+        items = np.array(self.items, dtype=np.int64)
+        gains = np.array(self.gains, dtype=float)
         if gains.shape != items.shape:
             raise ValueError(f"a Selection needs one gain per item; got {gains.shape} for {items.shape}")
         object.__setattr__(self, "items", _read_only(items))
@@ -848,12 +848,9 @@ def _similarity_bytes(pool: Pool) -> int:
     return 2 * pool.size * pool.size * 8
 
 
-def _read_only(array: np.ndarray, given=None) -> np.ndarray:
-    """`array`, read-only and the pool's own: a private copy, so that the caller's array stays writable and
-    unaliased, unless `array` is a new array made from `given`, the caller's value (a conversion or a cast that
-    copied: it owns its memory and is not `given` itself), which nobody else holds. A served request's atoms
-    (megabytes) are then converted once and never copied again."""
-    if given is None or array is given or not array.flags.owndata:
-        array = np.array(array)
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """`array`, a new array of the pool's own (made by `np.array`, `astype` or arithmetic, never the caller's, so
+    the caller's array stays writable and unaliased), made read-only. One copy per field: a served request's
+    atoms (megabytes of float32) are converted to float64 once and not copied again."""
     array.setflags(write=False)
     return array

@@ -13,7 +13,6 @@ does not hold (covlab.serving.load_selector reads the weight chosen on the tune 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +69,7 @@ class SelectorModel:
             served = self.selector.select(row.get("query"), candidates, budget,
                                           blend_weight=None if weight is None else float(weight))
             answers.append({"ids": served.ids, "tokens": served.tokens,
-                            "selection": json.dumps(served.to_dict(), default=str)})
+                            "selection": served.to_json().decode()})
         return pd.DataFrame(answers, columns=list(ANSWER_COLUMNS))
 
 

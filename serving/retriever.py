@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import TypeAdapter
 
 from covlab.models.mcompass import (RETRIEVAL_CORPUS, BankRanker, MCompassStudent, RetrievalCorpus, load_students,
                                     student_info)
@@ -68,6 +69,13 @@ class Retrieval:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def to_json(self) -> bytes:
+        """The retrieval as JSON, the same document as `to_dict`'s (pydantic's serialiser of this dataclass)."""
+        return _RETRIEVAL_JSON.dump_json(self, fallback=str)
+
+
+_RETRIEVAL_JSON = TypeAdapter(Retrieval)
 
 
 class CorpusRetriever:
