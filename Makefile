@@ -39,7 +39,7 @@ chromium:
 		|| echo "could not install chromium (apt-get as root); the browser test will fail without /usr/bin/chromium"
 
 ui: $(STAMP)  ## the Dagster UI on 127.0.0.1:$(UI_PORT), on the same instance as `make demo`
-	$(BIN)/python -c "from covlab.orchestration.settings import dagster_instance; dagster_instance().dispose()"
+	$(BIN)/python -c "from covlab.orchestration.instance import dagster_instance; dagster_instance().dispose()"
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(UI_PORT)
 
 mlflow-ui: $(STAMP)  ## the MLflow UI on 127.0.0.1:$(MLFLOW_PORT): registered selector versions and their tags

@@ -12,24 +12,25 @@ import pandas as pd
 from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, Failure, MetadataValue, Output, asset
 from pydantic import Field
 
-from covlab.assets.model_registry import load_registered_model, serving_of, training_run
+from covlab.assets.model_registry import load_registered_model, record_decisions, serving_of, training_run
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.assets.progress import step_progress
 from covlab.assets.report import PAIRED_COLUMNS
 from covlab.assets.reporting import Publication, leaderboard_entries, publish_report, require_same_settings
-from covlab.models.comparison import (ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH, compare, embed_items,
+from covlab.models.comparison import (compare, embed_items,
                                       markdown, method_protocols, pool_token_counts, resolve_budgets,
                                       train_lmvu_ranker)
 from covlab.models.biencoder import load_first_stage
 from covlab.models.coverage import document_texts, queries_of
-from covlab.models.encoders import default_base_model
+from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
 from covlab.models.leaderboard import board, leaderboard
 from covlab.models.lmvu import LMVUSettings, load_rankers, save_rankers
 from covlab.models.metrics import RVC1
 from covlab.models.plots import budget_chart, markdown_image
-from covlab.models.registry import Coverage, Method, Report, methods
+from covlab.models.registry import ESTIMATOR, Coverage, Method, Report, methods
+from covlab.models.replay import RecordedDecisions
 from covlab.models.report import report_figures
 from covlab.models.runs import ByQuery, run_method
 from covlab.models.schemas import BUDGETED_SELECTIONS, COMPARISON_FIGURES, ITEM_EMBEDDINGS, TOKEN_COUNTS
@@ -41,7 +42,8 @@ from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.results_store import ResultsStore
-from covlab.resources.lineage import TrainingSummary, recorded_entry
+from covlab.resources.lineage import DETAILS
+from covlab.resources.materializations import TrainingSummary, recorded_entry
 from covlab.resources.model_store import TrainedModel
 from covlab.resources.tracking import TrackingResource
 
@@ -58,8 +60,8 @@ HEADLINE_METRIC = str(RVC1)
 class EmbeddingConfig(Config):
     model: str = Field("", description="the bi-encoder every budgeted selector's similarities come from (HF path "
                                        "or name; empty: packaged MiniLM)")
-    batch_size: int = Field(ITEM_EMBEDDING_BATCH, description="texts per encoder batch")
-    max_length: int = Field(ITEM_EMBEDDING_MAX_LENGTH, description="tokens per text")
+    batch_size: int = Field(ENCODER_BATCH, description="texts per encoder batch")
+    max_length: int = Field(ENCODER_MAX_LENGTH, description="tokens per text")
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
@@ -191,7 +193,7 @@ def budgeted_selection_asset(method: Method):
     if method.coverage is Coverage.GOLD or method.coverage.estimated:
         ins |= {"nuggets": AssetIn(), "nugget_links": AssetIn()}
     if method.coverage.estimated:
-        ins |= {"coverage": AssetIn(key=AssetKey(method.coverage.asset)), "coverage_estimator": AssetIn()}
+        ins |= {"coverage": AssetIn(key=AssetKey(method.coverage.asset)), "estimator": AssetIn(key=AssetKey(ESTIMATOR.asset))}
     if method.trained is not None:
         ins |= {"model": AssetIn(key=AssetKey(method.trained))}
 
@@ -211,16 +213,19 @@ def budgeted_selection_asset(method: Method):
                                inputs.get("nugget_links"))
         model = (_trained_model(method, inputs["model"], protocol, tracking, artifacts)
                  if method.trained is not None else None)
-        estimator = inputs.get("coverage_estimator")
+        estimator = inputs.get("estimator")
         trust = (evaluation.estimate_trust(estimator.figure("dev_auc"), inputs["nugget_links"]) if estimator
                  else None)
         run = run_method(method, pools, [Budget(tokens=b) for b in budgets], evaluation.selector_settings(),
                          model=model, coverage=inputs.get("coverage"), trust=trust)
+        if estimator is not None:
+            record_decisions(tracking, estimator, method.name, "tokens",
+                             RecordedDecisions.of_run(run.decisions, "tokens", evaluation.selector_settings()))
         details = run.details() | ({"model_uri": inputs["model"].model.uri} if method.trained is not None else {})
         return content_output(run.table, metadata={
             "queries": int(run.table["query_id"].nunique()), "rows": len(run.table),
             "budgets": MetadataValue.json(list(budgets)), "protocol": protocol.kind,
-            "seconds": round(time.perf_counter() - started, 3), "details": MetadataValue.json(details),
+            "seconds": round(time.perf_counter() - started, 3), DETAILS: MetadataValue.json(details),
             "settings": MetadataValue.json(evaluation.model_dump())})
 
     return selection
@@ -261,7 +266,7 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
     paired = result.paired.xs(HEADLINE_METRIC, level="metric")[PAIRED_COLUMNS] if len(result.paired) else result.paired
     ranked = leaderboard(result.figures, board(Report.COMPARISON, config.baseline), seed=config.seed)
     blends = blend_table({m.name: recorded_entry(context.instance, AssetKey(SELECTIONS[m.name]),
-                                                 context.partition_key, "details")
+                                                 context.partition_key, DETAILS)
                           for m in methods(Report.COMPARISON) if m.coverage.estimated}, budgets)
     return publish_report(context, Publication(
         result.figures, {"leaderboard": ranked, "summary": result.summary, "headroom": result.headroom,

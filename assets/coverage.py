@@ -21,17 +21,17 @@ from covlab.models.coverage import (document_texts, estimate_coverage, estimate_
                                     labelled_pairs, pool_pairs, queries_of, rated_judgments, save_estimator,
                                     training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
-from covlab.models.encoders import default_base_model
+from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
 from covlab.models.matcher import train_matcher
 from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES
-from covlab.models.subquestions import (FocusSettings, focused_decomposition, gold_subquestions,
+from covlab.models.subquestions import (POOL_DEPTH, FocusSettings, focused_decomposition, gold_subquestions,
                                         grounded_decomposition)
 from covlab.models.windows import WindowSelection
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
-from covlab.resources.lineage import TrainingSummary
+from covlab.resources.materializations import TrainingSummary
 from covlab.resources.model_store import TrainedModel
 from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
@@ -45,8 +45,8 @@ class SubquestionConfig(Config):
                                 "gold-nugget bound); grounded: offline heuristic, representative pool sentences; "
                                 "focused: offline heuristic, pool sentences relevant to the query and new among "
                                 "themselves (models/subquestions.py)")
-    n: int = Field(10, ge=1, description="subquestions per query (llm, grounded, focused)")
-    pool_depth: int = Field(20, ge=1, description="grounded, focused: pool documents whose sentences are read")
+    n: int = Field(FocusSettings.n, ge=1, description="subquestions per query (llm, grounded, focused)")
+    pool_depth: int = Field(POOL_DEPTH, ge=1, description="grounded, focused: pool documents whose sentences are read")
     base_model: str = Field("", description="grounded, focused: sentence encoder (HF path or name; empty: packaged "
                                             "MiniLM)")
     seed: int = Field(0, description="grounded: k-means seed")
@@ -207,7 +207,7 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                                                                 "train_pairs": len(train), "dev_pairs": len(dev)},
                                       serving=serving_of("coverage_estimator", asked,
                                                          list(dev.loc[dev["subquestion"] == asked, "text"][:8]),
-                                                         {"k": 3}, {"dev_auc": trained.dev_auc}))
+                                                         {"k": 3}))
     # The dev figures travel with the model record: the estimator gate of the selections reads dev_auc, its
     # check records all three (assets/checks.py).
     return content_output(TrainedModel(model, {"dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
@@ -272,8 +272,8 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
 
 class ScoringConfig(Config):
     relevance_model: str = Field("", description="the relevance bi-encoder (empty: packaged MiniLM)")
-    batch_size: int = Field(64, description="texts per encoder batch")
-    max_length: int = Field(256, description="tokens per text")
+    batch_size: int = Field(ENCODER_BATCH, description="texts per encoder batch")
+    max_length: int = Field(ENCODER_MAX_LENGTH, description="tokens per text")
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),

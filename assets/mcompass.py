@@ -49,7 +49,7 @@ from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
 from covlab.resources.results_store import ResultsStore
-from covlab.resources.lineage import TrainingSummary
+from covlab.resources.materializations import TrainingSummary
 from covlab.resources.model_store import TrainedModel
 from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource

@@ -16,13 +16,14 @@ from typing import Any, Iterator, Mapping
 from dagster import AssetExecutionContext, AssetRecordsFilter, MetadataValue
 
 from covlab.models.plots import markdown_image, training_curve
-from covlab.models.registry import TRAINED_SELECTORS
+from covlab.models.registry import trained_selector
+from covlab.models.replay import RecordedDecisions
 from covlab.models.versions import directory_hash
 from covlab.resources.artifacts import ArtifactStore, write_directory
-from covlab.resources.lineage import TRAINING, TrainingSummary
+from covlab.resources.materializations import TRAINING, TrainingSummary
 from covlab.resources.source import source_state
 from covlab.resources.model_store import (WEIGHTS_HASH, WEIGHTS_METADATA, ModelVersionRef, RegisteredModel,
-                                         TrainedModel, WeightsChanged, weights_change)
+                                         TrainedModel, WeightsChanged, decisions_tag, weights_change)
 from covlab.resources.tracking import Serving, TrackingResource, TrainingRun
 
 
@@ -129,17 +130,23 @@ def training_run(context: AssetExecutionContext, tracking: TrackingResource, sel
         yield Training(context, tracking, selector, run)
 
 
-def serving_of(selector: str, query: str, candidates: list[str], budget: dict,
-               figures: dict | None = None) -> Serving | None:
+def serving_of(selector: str, query: str, candidates: list[str], budget: dict) -> Serving | None:
     """How the version of trained selector `selector` serves as an MLflow pyfunc: the registry method its
     promotion is decided by (models/registry.py TRAINED_SELECTORS; None for a selector never promoted, which
     registers no pyfunc), with one real request (`query`, `candidates`, `budget`: {"k": n} or
     {"budget_tokens": B}) as the input example."""
-    trained = next(s for s in TRAINED_SELECTORS if s.asset == selector)
+    trained = trained_selector(selector)
     if trained.promotion is None:
         return None
-    return Serving(trained.promotion.method, {"query": query, "candidates": list(candidates), **budget},
-                   figures or {})
+    return Serving(trained.promotion.method, {"query": query, "candidates": list(candidates), **budget})
+
+
+def record_decisions(tracking: TrackingResource, model: TrainedModel, method: str, unit: str,
+                     decisions: RecordedDecisions) -> None:
+    """Tag `model`'s version with what `method`'s selections on its output decided at the budgets of `unit` and
+    the settings they ran under (models/replay.py): what a caller served by that version replays."""
+    if decisions.budgets:
+        tracking.set_version_tag(model.model.ref(), decisions_tag(method, unit), decisions.to_json())
 
 
 def load_registered_model(value: TrainedModel | RegisteredModel, tracking: TrackingResource,

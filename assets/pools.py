@@ -34,13 +34,19 @@ def bm25_index(context: AssetExecutionContext, corpus: pd.DataFrame, lucene: Luc
                           metadata={"path": MetadataValue.path(str(target)), **stats})
 
 
+# Deepest BM25 pool: Lucene keeps a priority queue of n hits per query searched (threads at once), and covlab's
+# selectors and rerankers read pools of 100 (TREC's deepest runs are 1,000 deep).
+MAX_POOL_DEPTH = 10_000
+
+
 class PoolConfig(Config):
     mode: Literal["bm25", "given"] = Field(
         "bm25", description="bm25: top-n of the whole corpus; given: the dataset's own candidates per query, "
                             "ranked by BM25 (ArgKP: the topic-and-stance arguments)")
-    n: int = Field(100, description="pool depth in bm25 mode")
-    distractors: int = Field(-1, description="given mode: BM25 hits from outside the query's candidates added "
-                                             "as distractors; -1 = the dataset's default (Perspectrum 20, else 0)")
+    n: int = Field(100, ge=1, le=MAX_POOL_DEPTH, description=f"pool depth in bm25 mode (1 to {MAX_POOL_DEPTH})")
+    distractors: int = Field(-1, ge=-1, le=MAX_POOL_DEPTH,
+                             description="given mode: BM25 hits from outside the query's candidates added as "
+                                         "distractors; -1 = the dataset's default (Perspectrum 20, else 0)")
 
 
 @asset(partitions_def=DATASETS, code_version="1", group_name="retrieval", kinds={"lucene", "parquet"},

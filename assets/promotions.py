@@ -9,20 +9,22 @@ import pandas as pd
 from dagster import (AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetIn, AssetKey, MetadataValue,
                      PreviewWarning, asset, asset_check)
 
+from covlab.assets.model_registry import record_decisions
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
-from covlab.models.promotion import PROMOTE, promotion_decision, ranker_trusted
-from covlab.models.registry import TRAINED_SELECTORS, TrainedSelector
+from covlab.assets.reporting import require_same_settings
+from covlab.assets.selections import SELECTION_KEYS
+from covlab.models.promotion import PROMOTE, promotion_decision
+from covlab.models.registry import ESTIMATOR, TRAINED_SELECTORS, Report, SelectorSettings, TrainedSelector, methods
+from covlab.models.replay import BudgetDecision, RecordedDecisions
 from covlab.models.report import method_scores
 from covlab.models.schemas import PROMOTIONS
-from covlab.models.trust import Trust, estimator_trusted
+from covlab.models.trust import Trust
 from covlab.resources.evaluation import EvaluationResource
-from covlab.assets.reporting import require_same_settings
-from covlab.models.registry import Coverage, Report, methods
-from covlab.resources.lineage import (REPORT_ID, latest_materialization, metadata_value, record_report_lineage,
-                                      report_id_entry)
-from covlab.resources.model_store import PROMOTED_BY_TAG, SELECTION_TAG_PREFIX, RegisteredModel, TrainedModel
+from covlab.resources.materializations import latest_materialization, metadata_value
+from covlab.resources.report_lineage import REPORT_ID, record_report_lineage, report_id_entry
+from covlab.resources.model_store import PROMOTED_BY_TAG, RegisteredModel, TrainedModel
 from covlab.resources.results_store import ReportRecord, ResultsStore
 from covlab.resources.tracking import TrackingResource
 
@@ -66,14 +68,12 @@ def promote(tracking: TrackingResource, model: RegisteredModel, dev_score: float
 def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResource, tracking: TrackingResource,
                      results: ResultsStore, coverage_report: pd.DataFrame, **models):
     """One row per promoted trained selector (PROMOTIONS): its candidate's dev score (its registry
-    PromotionRule), the champion it was compared with, and whether it is champion now. The dev scores go to
-    the results store as this step's figures, so that the figure which promoted a version (its
-    PROMOTED_BY_TAG) is audited like any reported number; the estimator's version also records what each
-    selection on its matrix decided (fell back, blend weight: SELECTION_TAG_PREFIX), which serving applies."""
+    PromotionRule), the champion it was compared with, and whether it is champion now (a candidate its
+    registry gate refuses is never promoted). The dev scores go to the results store as this step's figures, so
+    that the figure which promoted a version (its PROMOTED_BY_TAG) is audited like any reported number."""
     require_same_settings(context, evaluation)
-    estimator, ranker = models["coverage_estimator"], models["lmvu_ranker"]
-    gates = {"coverage_estimator": estimator_trusted(estimator.figure("dev_auc"), evaluation.min_estimator_dev_auc),
-             "lmvu_ranker": ranker_trusted(ranker.figure("dev_top1_accuracy"), ranker.figure("dev_top1_chance"))}
+    settings = evaluation.selector_settings()
+    gates = {s.asset: s.gate(models[s.asset].figure, settings) for s in PROMOTED if s.gate is not None}
     scores = {}
     for selector in PROMOTED:
         rule = selector.promotion
@@ -84,6 +84,7 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
                              "k": None if s.promotion.recorded else evaluation.k, "split": evaluation.tune_split,
                              "metric": scores[s.asset][0], "query_id": None, "value": scores[s.asset][1]}
                             for s in PROMOTED])
+    _record_k_decisions(context, tracking, models[ESTIMATOR.asset], evaluation.selector_settings())
     record_report_lineage(context, {s.promotion.method: [AssetKey(s.asset)] + ([] if s.promotion.recorded
                                                                                else [AssetKey("coverage_report")])
                                     for s in PROMOTED})
@@ -99,7 +100,6 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
         rows.append({"selector": selector.asset, "method": rule.method, "metric": metric,
                      **promote(tracking, models[selector.asset].model, score, metric, gates.get(selector.asset),
                                promoted_by)})
-    _record_selection_decisions(context, tracking, estimator)
     for row in rows:
         context.log.info(row["decision"])
     table = PROMOTIONS.conform(pd.DataFrame(rows), source="model_promotions")
@@ -110,23 +110,24 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
                                            "settings": MetadataValue.json(evaluation.model_dump())})
 
 
-def _record_selection_decisions(context: AssetExecutionContext, tracking: TrackingResource,
-                                estimator: TrainedModel) -> None:
-    """Tag the estimator's version with what each k selection on its matrix decided (its latest
-    materialization's fell_back and blend_weight metadata), per method: what serving applies at that budget."""
+def _record_k_decisions(context: AssetExecutionContext, tracking: TrackingResource, estimator: TrainedModel,
+                        settings: SelectorSettings) -> None:
+    """Tag the estimator's version with what each k selection on its output decided (its latest
+    materialization's decision metadata, k_selection's): the k half of the decisions serving replays (the
+    budgeted selections record theirs as they select)."""
     for method in methods(Report.COVERAGE):
-        if method.coverage is not Coverage.ESTIMATED:
+        if not method.coverage.estimated:
             continue
-        record = latest_materialization(context.instance, AssetKey(f"selection_{method.name}"), context.partition_key)
-        if record is None:
+        record = latest_materialization(context.instance, AssetKey(SELECTION_KEYS[method.name]), context.partition_key)
+        metadata = {} if record is None else record.asset_materialization.metadata
+        if "fell_back" not in metadata:
             continue
-        metadata = record.asset_materialization.metadata
-        recorded = {name: metadata_value(metadata[name]) for name in ("k", "fell_back", "blend_weight")
-                    if name in metadata}
-        if "k" in recorded:
-            decision = {f"k={recorded['k']}": {"fell_back": recorded.get("fell_back"),
-                                               "blend_weight": recorded.get("blend_weight")}}
-            tracking.set_version_tag(estimator.model.ref(), SELECTION_TAG_PREFIX + method.name, json.dumps(decision))
+        found = {name: metadata_value(metadata[name]) for name in ("k", "fell_back", "estimator_gate", "blend_weight")
+                 if name in metadata}
+        decision = BudgetDecision(bool(found["fell_back"]), str(found.get("estimator_gate", "")),
+                                  None if found.get("blend_weight") is None else float(found["blend_weight"]))
+        record_decisions(tracking, estimator, method.name, "k",
+                         RecordedDecisions({f"k={found['k']}": decision}, settings))
 
 
 def _champion_check(selector: TrainedSelector):

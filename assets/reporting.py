@@ -17,10 +17,12 @@ from covlab.models.leaderboard import answers
 from covlab.models.plots import figure_entries, leaderboard_chart, markdown_image
 from covlab.models.schemas import LEADERBOARD
 from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.csv_export import write_report_csv
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import atomic_write
-from covlab.resources.lineage import (REPORT_ID, code_location_assets, record_report_lineage, report_id_entry,
-                                      report_lineage_markdown, settings_mismatches)
+from covlab.resources.lineage_text import report_lineage_markdown
+from covlab.resources.materializations import settings_mismatches
+from covlab.resources.report_lineage import REPORT_ID, record_report_lineage, report_id_entry
 from covlab.resources.results_store import ReportRecord, ResultsStore
 
 
@@ -65,21 +67,20 @@ def publish_report(context: AssetExecutionContext, publication: Publication, *, 
                    evaluation: EvaluationResource, results: ResultsStore, artifacts: ArtifactStore) -> Output:
     """Write the tables (each atomically), the results-store record (last of the writes: a report whose run
     dies before its materialization is recorded stays pending and is never cited), the lineage of the inputs
-    (resources/lineage.record_report_lineage), and return the per-query table with the report's metadata plus
-    the entries every report carries: artifacts folder, results-store id, lineage, config and settings, and
-    the means of the charted rows."""
+    (resources/report_lineage.py record_report_lineage), and return the per-query table with the report's
+    metadata plus the entries every report carries: artifacts folder, results-store id, lineage, config and
+    settings, and the means of the charted rows."""
     partition = context.partition_key
     report = context.asset_key.to_user_string()
     folder = artifacts.directory(report, partition, context.run_id)
     for name, frame in publication.tables.items():
-        atomic_write(folder / f"{name}.csv", lambda tmp, f=frame: f.to_csv(tmp))
+        atomic_write(folder / f"{name}.csv", lambda tmp, f=frame: write_report_csv(f, tmp))  # spreadsheet-safe
     lineage = record_report_lineage(context, publication.method_inputs)
     stored = results.write_report(ReportRecord(
         dataset=partition, report_asset=report, partition=partition, run_id=context.run_id,
         code_version=code_version, data_version=None, config={**config, "evaluation": evaluation.model_dump()}),
         publication.stored)
-    lineage_md = report_lineage_markdown(context.asset_key, partition, lineage, publication.method_inputs,
-                                         code_location_assets())
+    lineage_md = report_lineage_markdown(context.asset_key, partition, lineage, publication.method_inputs)
     charted = figure_entries(publication.charted, publication.charted_metrics)
     return content_output(publication.per_query, metadata={
         **publication.metadata, "artifacts": MetadataValue.path(str(folder)), REPORT_ID: report_id_entry(stored),

@@ -12,7 +12,7 @@ from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.models.coverage import queries_of, rank_pool_by
-from covlab.models.registry import Coverage, Method, PoolOrder, Report, methods
+from covlab.models.registry import ESTIMATOR, Coverage, Method, PoolOrder, Report, methods
 from covlab.models.runs import run_method
 from covlab.models.selection import ESTIMATED, GOLD, ranked_pools
 from covlab.models.schemas import SELECTIONS
@@ -23,21 +23,21 @@ from covlab.resources.model_store import TrainedModel
 
 def k_selection(method: Method, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, queries: pd.DataFrame,
                 evaluation: EvaluationResource, coverage: pd.DataFrame | None = None,
-                coverage_estimator: TrainedModel | None = None, nugget_links: pd.DataFrame | None = None
+                estimator: TrainedModel | None = None, nugget_links: pd.DataFrame | None = None
                 ) -> Output[pd.DataFrame]:
     """One method's k selection over the evaluated queries' pools (models/runs.run_method); a method on
-    estimated coverage goes through the estimator gate and the blend."""
+    estimated coverage goes through the estimator gate and the blend, and its metadata says what they decided
+    (model_promotions records it on the estimator's version, for serving to replay)."""
     pool = bm25_pools.merge(queries_of(queries, evaluation.splits)[["query_id"]], on="query_id")
     if method.order is not PoolOrder.BM25:
         pool = rank_pool_by(pool, pool_scores, method.order.column)
     columns = GOLD if method.coverage is Coverage.GOLD else ESTIMATED
     pools = ranked_pools(pool, queries, coverage, columns) if coverage is not None else ranked_pools(pool, queries)
-    trust = (None if coverage_estimator is None
-             else evaluation.estimate_trust(coverage_estimator.figure("dev_auc"), nugget_links))
+    trust = None if estimator is None else evaluation.estimate_trust(estimator.figure("dev_auc"), nugget_links)
     budget = Budget(k=evaluation.k)
     run = run_method(method, pools, [budget], evaluation.selector_settings(), trust=trust)
     selected = SELECTIONS.conform(run.table.drop(columns="budget"), source=f"selection_{method.name}")
-    metadata = {"k": evaluation.k, "method": method.name, "ordered_by": method.order.column or "bm25",
+    metadata = {"k": evaluation.k, "method": method.name, "ordered_by": method.order.name.lower(),
                 "settings": MetadataValue.json(evaluation.model_dump())}
     if budget.limit in run.decisions:
         decision = run.decisions[budget.limit].metadata()
@@ -46,11 +46,15 @@ def k_selection(method: Method, bm25_pools: pd.DataFrame, pool_scores: pd.DataFr
     return content_output(selected, metadata={"queries": int(selected["query_id"].nunique()), **metadata})
 
 
+# Each k method's selection asset, by method name.
+SELECTION_KEYS = {m.name: f"selection_{m.name}" for m in methods(Report.COVERAGE)}
+
+
 def selection_asset(method: Method, code_version: str | None = None):
     """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, a covering
     method also its coverage matrix; one on estimated coverage also the estimator (its gate) and the gold
     nugget links (its blend weight is chosen on the tune split)."""
-    common = dict(name=f"selection_{method.name}", partitions_def=DATASETS, group_name="selections",
+    common = dict(name=SELECTION_KEYS[method.name], partitions_def=DATASETS, group_name="selections",
                   code_version=code_version or ("3" if method.coverage.estimated else "1"),
                   kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(SELECTIONS),
                   description=f"Selection: {method.description}.")
@@ -79,12 +83,11 @@ def selection_asset(method: Method, code_version: str | None = None):
 
         return covering
 
-    @asset(ins=coverage_in, **common)
+    @asset(ins={**coverage_in, "estimator": AssetIn(key=AssetKey(ESTIMATOR.asset))}, **common)
     def blended(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
-                coverage: pd.DataFrame, coverage_estimator: TrainedModel, nugget_links: pd.DataFrame,
+                coverage: pd.DataFrame, estimator: TrainedModel, nugget_links: pd.DataFrame,
                 evaluation: EvaluationResource) -> Output[pd.DataFrame]:
-        return k_selection(method, bm25_pools, pool_scores, queries, evaluation, coverage, coverage_estimator,
-                           nugget_links)
+        return k_selection(method, bm25_pools, pool_scores, queries, evaluation, coverage, estimator, nugget_links)
 
     return blended
 

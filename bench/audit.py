@@ -33,8 +33,9 @@ def main() -> None:
     from dagster import AssetKey, DagsterInstance
 
     from covlab.orchestration.cli import materialize
-    from covlab.resources.lineage import audit_materialization, render_text
-    from covlab.orchestration.settings import dagster_home
+    from covlab.resources.lineage import audit_materialization
+    from covlab.resources.lineage_text import render_text
+    from covlab.orchestration.instance import dagster_home
     from tiny_bert import save_tiny_bert, tiny_pipeline_config
 
     save_tiny_bert(home / "tiny")

@@ -57,7 +57,7 @@ def step_table(env: dict) -> tuple[list[dict], float]:
     os.environ.update({k: env[k] for k in ("COVLAB_HOME", "DAGSTER_HOME")})
     from dagster import DagsterInstance
 
-    from covlab.orchestration.settings import dagster_home
+    from covlab.orchestration.instance import dagster_home
 
     dagster_home()
     instance = DagsterInstance.get()

@@ -2,7 +2,7 @@
 
 1. Gold judgments as the pipeline makes them: nugget links over BM25 pools (top 50 of the whole corpus for
    longdoc; each query's own candidates for demo), train and dev queries. The estimator (packaged MiniLM
-   cross-encoder) is trained with the demo settings (orchestration/settings.py DEMO_CONFIG: one epoch, lr 1e-4,
+   cross-encoder) is trained with the demo settings (orchestration/definitions.py DEMO_CONFIG: one epoch, lr 1e-4,
    max_length 128) and the EstimatorConfig defaults for pair sampling and window selection, unless
    --estimator names a saved one. Its dev ROC-AUC and training time are reported.
 2. The dev matrix (pool x gold nuggets, as estimated_gold_coverage_matrix builds it) is scored twice: by
@@ -50,7 +50,7 @@ from covlab.models.selection import ESTIMATED, ranked_pools, select_queries  # n
 from covlab.models.selectors import Budget, CoverageGreedy  # noqa: E402
 from covlab.models.subquestions import gold_subquestions  # noqa: E402
 from covlab.models.windows import WindowSelection  # noqa: E402
-from covlab.orchestration.settings import DEMO_CONFIG  # noqa: E402
+from covlab.orchestration.definitions import DEMO_CONFIG  # noqa: E402
 from covlab.resources.lucene import LuceneResource  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

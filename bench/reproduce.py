@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURE = ["--dataset", "demo", "--method", "coverage_greedy", "--metric", "alpha_ndcg@10", "--split", "test"]
+FIGURE = ["--dataset", "demo", "--method", "coverage_greedy", "--metric", "alpha_ndcg@10", "--split", "test",
+          "--budget", "k=10"]
 
 
 def main() -> None:

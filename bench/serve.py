@@ -57,7 +57,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
 
-from covlab.models.comparison import ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH, atom_sentences  # noqa: E402
+from covlab.models.comparison import atom_sentences
+from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH  # noqa: E402
 from covlab.models.registry import method  # noqa: E402
 from covlab.models.selectors import MMR, Budget, Pool  # noqa: E402
 from covlab.models.tokens import TokenCounter  # noqa: E402
@@ -113,8 +114,8 @@ def with_embeddings(requests: list[dict]) -> list[dict]:
     from covlab.models.biencoder import load_first_stage
     from covlab.models.encoders import default_base_model
 
-    encode = load_first_stage(default_base_model(), batch_size=ITEM_EMBEDDING_BATCH,
-                              max_length=ITEM_EMBEDDING_MAX_LENGTH, device=torch.device("cpu"))
+    encode = load_first_stage(default_base_model(), batch_size=ENCODER_BATCH,
+                              max_length=ENCODER_MAX_LENGTH, device=torch.device("cpu"))
     out = []
     for request in requests:
         vectors = np.asarray(encode([request["query"], *request["candidates"]]), dtype=float)

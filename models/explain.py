@@ -12,6 +12,7 @@ left out with the first reason that applies, most telling first:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +38,10 @@ class Reason:
     similarity: float | None = None
 
 
-def explain(pool: Pool, selection: Selection, budget: Budget) -> tuple[list[Reason], dict[int, Reason]]:
-    """(a Reason per chosen item, in selection order; pool index -> Reason for every item left out)."""
+def explain(pool: Pool, selection: Selection, budget: Budget,
+            ids: Sequence[str] | None = None) -> tuple[list[Reason], dict[int, Reason]]:
+    """(a Reason per chosen item, in selection order; pool index -> Reason for every item left out). A reason
+    names another item by its id in `ids` (one per pool item: what the caller calls it; default its pool index)."""
     chosen = selection.items
     costs = budget.costs(pool.tokens, pool.size)
     left = budget.limit - int(costs[chosen].sum())
@@ -58,8 +61,10 @@ def explain(pool: Pool, selection: Selection, budget: Budget) -> tuple[list[Reas
             continue
         if similarity is not None and similarity[item].max() >= REDUNDANT_COSINE:
             other = int(np.argmax(similarity[item]))
-            left_out[item] = Reason(REDUNDANT, f"redundant with chosen item {int(chosen[other])} (cosine "
-                                               f"{similarity[item, other]:.3f})", int(chosen[other]),
+            duplicated = int(chosen[other])
+            left_out[item] = Reason(REDUNDANT, f"redundant with chosen item "
+                                               f"{duplicated if ids is None else ids[duplicated]} (cosine "
+                                               f"{similarity[item, other]:.3f})", duplicated,
                                     float(similarity[item, other]))
         elif open_facets is not None and float(pool.covers[item] @ open_facets) < NO_NEW_FACET:
             left_out[item] = Reason(NO_FACET, "no uncovered facet: the chosen items cover what it covers")

@@ -1,12 +1,15 @@
 """The one method registry: every context-selection method covlab compares, each a `Method` entry that owns
 its selector factory, the coverage it reads, the order its k-pool is ranked in, whether it is trained and
 refit per fold, the reports it appears in, its label and its description. Selection assets, reports,
-promotions, the nightly schedule and the CLI read this registry; adding a method is one entry here plus its
-selector class (models/selectors.py).
+promotions, the nightly schedule, the CLI and serving read this registry; adding a method is one entry here
+plus its selector class (models/selectors.py).
 
 Methods are looked up by name (`method("mmr")`) or by report (`methods(Report.COMPARISON)`, in registry
-order, which is the order of every report's rows). The trained selectors (the assets that register an MLflow
-model) and how each one's champion is decided are `TRAINED_SELECTORS`.
+order, which is the order of every report's rows). A trained selector (an asset that registers an MLflow model)
+is a `TrainedSelector` of `TRAINED_SELECTORS`, which owns its whole life outside the trainer: what a loaded
+version is to a selector (`Role`), how a version's files load, its quality gate, how its champion is decided,
+and whether the selections on its output record decisions a caller must replay (models/replay.py). A method's
+`served_models()` are the trained selectors it loads when a caller serves it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
+from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH
 from covlab.models.lmvu import LMVU
 from covlab.models.metrics import ALPHA_NDCG, RVC1, Measure
-from covlab.models.selectors import (MMR, AdaGReS, CoverageGreedy, ExactOracle, FacilityLocation, RelevanceOrder,
-                                     Selector)
+from covlab.models.promotion import ranker_trusted
+from covlab.models.selectors import (DEFAULT_MMR_LAMBDA, DEFAULT_TAU, MMR, AdaGReS, Budget, CoverageGreedy,
+                                     ExactOracle, FacilityLocation, RelevanceOrder, Selector)
+from covlab.models.trust import MIN_ESTIMATOR_DEV_AUC, Trust, estimator_trusted
 
 
 class Coverage(Enum):
@@ -71,10 +78,12 @@ class Family(Enum):
 
 @dataclass(frozen=True)
 class SelectorSettings:
-    """The evaluation settings a selector is built with (resources/evaluation.py holds them): tau of hard
-    coverage greedy, lambda of MMR."""
-    tau: float = 0.3
-    mmr_lambda: float = 0.5
+    """The evaluation settings a selector is built with and a trained selector is gated by
+    (resources/evaluation.py holds them): tau of hard coverage greedy, lambda of MMR, and the dev ROC-AUC the
+    coverage estimator must reach to be followed."""
+    tau: float = DEFAULT_TAU
+    mmr_lambda: float = DEFAULT_MMR_LAMBDA
+    min_estimator_dev_auc: float = MIN_ESTIMATOR_DEV_AUC
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,28 @@ class Method:
     ordered: bool = True
     bound: bool = False
     atoms: bool = False
+
+    def order_at(self, budget: Budget) -> PoolOrder | None:
+        """What ranks this method's pool at `budget`, as the pipeline ranks it: the k-pool order of its entry under
+        a k budget (the coverage report's pools) and for a method the comparison never runs; None, the cosine of
+        the item embeddings to the query, under a token budget of a comparison method (the comparison's pools)."""
+        if budget.k is None and Report.COMPARISON in self.reports:
+            return None
+        return self.order
+
+    def served_models(self) -> tuple[TrainedSelector, ...]:
+        """The trained selectors this method loads when a caller serves it, in TRAINED_SELECTORS order: the one
+        its selector applies (`trained`), the coverage estimator for a method on estimated coverage, and the
+        bi-encoder whose cosine ranks its pool where the pipeline ranks it by the coverage-trained bi-encoder."""
+        roles = set()
+        if self.trained is not None and self.build is not None:
+            roles.add(Role.SELECTOR_MODEL)
+        if self.coverage.estimated:
+            roles.add(Role.COVERAGE_ESTIMATOR)
+        if self.order is PoolOrder.COVERAGE_TRAINED and Report.COVERAGE in self.reports:
+            roles.add(Role.ORDER_ENCODER)
+        return tuple(t for t in TRAINED_SELECTORS if t.role in roles and (t.role is not Role.SELECTOR_MODEL
+                                                                           or t.asset == self.trained))
 
     def selector(self, settings: SelectorSettings, model: object = None) -> Selector:
         """This method's selector under `settings` (and its trained `model`)."""
@@ -203,20 +234,92 @@ class PromotionRule:
     recorded: bool = False
 
 
+class Role(Enum):
+    """What a loaded version of a trained selector is to the selector of a method that serves it."""
+    SELECTOR_MODEL = "model"  # the model the method's selector applies (Method.build's `model`): LMVU's ranker
+    COVERAGE_ESTIMATOR = "estimator"  # scores (subquestion, text) pairs into the coverage matrix M[d, v]
+    ORDER_ENCODER = "order encoder"  # a bi-encoder whose cosine to the query ranks the pool
+    RETRIEVER = "retriever"  # retrieves from a corpus of its own (served by /v1/retrieve, not over a pool)
+
+
+def _load_ranker(path: Path, device: str):
+    from covlab.models.lmvu import load_rankers
+
+    return load_rankers(path)[0]
+
+
+def _load_estimator(path: Path, device: str):
+    import torch
+
+    from covlab.models.coverage import load_estimator_scorer
+
+    return load_estimator_scorer(str(path), batch_size=ENCODER_BATCH, device=torch.device(device))
+
+
+def _load_encoder(path: Path, device: str):
+    import torch
+
+    from covlab.models.biencoder import load_first_stage
+
+    return load_first_stage(str(path), batch_size=ENCODER_BATCH, max_length=ENCODER_MAX_LENGTH,
+                            device=torch.device(device))
+
+
+def _estimator_gate(figure: Callable[[str], float], settings: SelectorSettings) -> Trust:
+    return estimator_trusted(figure("dev_auc"), settings.min_estimator_dev_auc)
+
+
+def _ranker_gate(figure: Callable[[str], float], settings: SelectorSettings) -> Trust:
+    return ranker_trusted(figure("dev_top1_accuracy"), figure("dev_top1_chance"))
+
+
 @dataclass(frozen=True)
 class TrainedSelector:
-    """An asset that trains a selector and registers it in MLflow as covlab.<dataset>.<asset>, and how its
-    champion is decided (None: registered, never promoted)."""
+    """An asset that trains a selector and registers it in MLflow as covlab.<dataset>.<asset>, and what the rest
+    of covlab needs to know of it: its `role` for the methods that serve it, `load(files, device)` (the loaded
+    object of that role, from a verified version folder; None: its own loader, a retriever), its quality
+    `gate(figure, settings)` over the figures its trained asset records (None: ungated), how its champion is
+    decided (`promotion`, None: registered, never promoted; its version then serves no pyfunc) and whether
+    the selections on its output take decisions a caller must replay (`records_decisions`: the estimator
+    gate's fallback and the blend weight per budget, recorded on its version by models/replay.py)."""
     asset: str
     description: str
+    role: Role
+    load: Callable[[Path, str], object] | None = None
+    gate: Callable[[Callable[[str], float], SelectorSettings], Trust] | None = None
     promotion: PromotionRule | None = None
+    records_decisions: bool = False
 
 
 TRAINED_SELECTORS: tuple[TrainedSelector, ...] = (
     TrainedSelector("coverage_estimator", "the cross-encoder that estimates M[d, v] (METHODS.md §1)",
-                    PromotionRule("coverage_greedy", ALPHA_NDCG)),
+                    Role.COVERAGE_ESTIMATOR, _load_estimator, _estimator_gate,
+                    PromotionRule("coverage_greedy", ALPHA_NDCG), records_decisions=True),
     TrainedSelector("coverage_biencoder", "the coverage-trained bi-encoder (CoveR objective, METHODS.md §1)",
-                    PromotionRule("relevance_coverage_trained", ALPHA_NDCG)),
-    TrainedSelector("lmvu_ranker", "the LMVU ranker (METHODS.md §2)", PromotionRule("lmvu", RVC1, recorded=True)),
-    TrainedSelector("mcompass_student", "the MCompassRAG student retriever (METHODS.md §4)"),
+                    Role.ORDER_ENCODER, _load_encoder, promotion=PromotionRule("relevance_coverage_trained",
+                                                                               ALPHA_NDCG)),
+    TrainedSelector("lmvu_ranker", "the LMVU ranker (METHODS.md §2)", Role.SELECTOR_MODEL, _load_ranker,
+                    _ranker_gate, PromotionRule("lmvu", RVC1, recorded=True)),
+    TrainedSelector("mcompass_student", "the MCompassRAG student retriever (METHODS.md §4)", Role.RETRIEVER),
 )
+TRAINED: dict[str, TrainedSelector] = {t.asset: t for t in TRAINED_SELECTORS}
+# The trained selector whose output, the estimated coverage matrices, every method on estimated coverage reads.
+ESTIMATOR: TrainedSelector = next(t for t in TRAINED_SELECTORS if t.role is Role.COVERAGE_ESTIMATOR)
+
+
+def trained_selector(asset: str) -> TrainedSelector:
+    """The TRAINED_SELECTORS entry of `asset`; a ValueError listing them when there is none."""
+    try:
+        return TRAINED[asset]
+    except KeyError:
+        raise ValueError(f"unknown trained selector {asset!r}; expected one of {sorted(TRAINED)}") from None
+
+
+def pyfunc_selector(method_name: str) -> TrainedSelector:
+    """The trained selector whose registered version serves `method_name` as an MLflow pyfunc: the one whose
+    champion that method's score decides."""
+    found = [t for t in TRAINED_SELECTORS if t.promotion is not None and t.promotion.method == method_name]
+    if not found:
+        raise ValueError(f"no trained selector's version serves {method_name!r} as a pyfunc; served: "
+                         f"{sorted(t.promotion.method for t in TRAINED_SELECTORS if t.promotion)}")
+    return found[0]

@@ -73,6 +73,10 @@ def check_token_budgets(budgets) -> list[int]:
     return list(budgets)
 
 
+# The units a Budget is given in (`Budget.unit`): items or summed token costs.
+BUDGET_UNITS = ("k", "tokens")
+
+
 @dataclass(frozen=True)
 class Budget:
     """A selection budget: exactly one of `k` (items) or `tokens` (B, summed token cost), METHODS.md §2."""
@@ -423,6 +427,12 @@ def check_tau(tau: float) -> float:
     return float(tau)
 
 
+# The defaults of the two evaluation settings a selector reads (models/registry.py SelectorSettings, the
+# evaluation resource's fields and serving all read these): tau of hard coverage greedy, lambda of MMR.
+DEFAULT_TAU = 0.3
+DEFAULT_MMR_LAMBDA = 0.5
+
+
 def check_mmr_lambda(lam: float) -> float:
     """MMR's relevance weight lambda: a number in [0, 1]; else a ValueError."""
     if isinstance(lam, bool) or not isinstance(lam, (int, float, np.floating)) or not 0 <= lam <= 1:
@@ -436,7 +446,7 @@ class MMR:
     each step, among the items that fit, argmax lam * sim(d, q) - (1 - lam) * max_{s in S} sim(d, s), the
     penalty being 0 while S is empty. sim(d, q) is the pool's relevance (the cosine to the query unless the
     pool carries another score), so lam = 1 is exactly `RelevanceOrder`. Stops when nothing fits."""
-    lam: float = 0.5
+    lam: float = DEFAULT_MMR_LAMBDA
 
     def __post_init__(self):
         check_mmr_lambda(self.lam)
@@ -589,7 +599,7 @@ class CoverageGreedy:
     gold 0/1 links: oracle greedy). Once no fitting item adds coverage, the rest is filled in relevance order
     while items fit (those that do not fit are skipped)."""
     soft: bool
-    tau: float = 0.3
+    tau: float = DEFAULT_TAU
 
     def __post_init__(self):
         check_tau(self.tau)

@@ -85,6 +85,11 @@ def grounded_decomposition(queries: pd.DataFrame, pool_texts: Mapping[str, Seque
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SUBQUESTIONS_COLUMNS)
 
 
+# The pool documents, best first, whose sentences the offline decompositions read (the subquestions asset's
+# pool_depth default, and what a served selection decomposes over).
+POOL_DEPTH = 20
+
+
 @dataclass(frozen=True)
 class FocusSettings:
     """The focused decomposition's settings [chosen, untuned]: `n` subquestions per query; a pick maximises

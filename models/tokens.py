@@ -4,9 +4,14 @@ loaded, on the first count, not at import or construction time."""
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
+
+# What one cached count holds besides its text's own bytes (sys.getsizeof): the ordered dict's entry and the int.
+CACHE_ENTRY_BYTES = 120
 
 
 class TokenCounter:
@@ -19,15 +24,17 @@ class TokenCounter:
       (only whitespace or zero-width characters), because it still takes a place in the context. A `Pool` needs
       positive costs, so empty texts are to be dropped before one is built;
     - counts are cached per distinct text: a text is tokenized once per counter, however often it is counted;
-      with `max_cached` the cache holds at most that many texts beyond one call's (it is emptied when a call
-      would exceed it), so that a long-lived server's memory does not grow with the texts it has seen.
+      with `max_cached_bytes` the cache holds at most that many bytes of texts and counts (`cached_bytes`: each
+      text's size in memory and CACHE_ENTRY_BYTES), the least recently counted dropped first, so that a
+      long-lived server's memory does not grow with the texts it has seen, however long they are.
     """
 
-    def __init__(self, tokenizer_name_or_path: str = "", max_cached: int | None = None):
+    def __init__(self, tokenizer_name_or_path: str = "", max_cached_bytes: int | None = None):
         self.tokenizer_name_or_path = tokenizer_name_or_path
-        self.max_cached = max_cached
+        self.max_cached_bytes = max_cached_bytes
         self._tokenizer = None
-        self._counts: dict[str, int] = {}
+        self._counts: OrderedDict[str, int] = OrderedDict()  # least recently counted first
+        self.cached_bytes = 0
 
     @property
     def tokenizer(self):
@@ -53,14 +60,28 @@ class TokenCounter:
             if not isinstance(text, str):
                 raise TypeError(f"count takes texts (str); the item at position {position} is a "
                                 f"{type(text).__name__}")
-        unseen = [text for text in dict.fromkeys(texts) if text not in self._counts]
-        if unseen and self.max_cached is not None and len(self._counts) + len(unseen) > self.max_cached:
-            self._counts = {text: self._counts[text] for text in texts if text in self._counts}
+        distinct = list(dict.fromkeys(texts))
+        unseen = [text for text in distinct if text not in self._counts]
+        counts = {text: self._counts[text] for text in distinct if text in self._counts}
         if unseen:
             # One batched call over the distinct uncached texts. verbose=False silences the "sequence length
             # is longer than the specified maximum" warning: these ids only get counted, never fed to a model.
             ids = self.tokenizer(unseen, add_special_tokens=False, truncation=False, verbose=False,
                                  return_attention_mask=False, return_token_type_ids=False)["input_ids"]
             for text, row in zip(unseen, ids, strict=True):
-                self._counts[text] = max(len(row), 1) if text else 0
-        return np.fromiter((self._counts[text] for text in texts), dtype=np.int64, count=len(texts))
+                counts[text] = max(len(row), 1) if text else 0
+        self._remember(distinct, counts)
+        return np.fromiter((counts[text] for text in texts), dtype=np.int64, count=len(texts))
+
+    def _remember(self, distinct: list[str], counts: dict[str, int]) -> None:
+        """The call's counts cached as the most recent, then the least recent dropped while the cache is over
+        `max_cached_bytes` (this call's too, when they alone are over it)."""
+        for text in distinct:
+            if text in self._counts:
+                self._counts.move_to_end(text)
+            else:
+                self._counts[text] = counts[text]
+                self.cached_bytes += sys.getsizeof(text) + CACHE_ENTRY_BYTES
+        while self.max_cached_bytes is not None and self.cached_bytes > self.max_cached_bytes:
+            text, _ = self._counts.popitem(last=False)
+            self.cached_bytes -= sys.getsizeof(text) + CACHE_ENTRY_BYTES

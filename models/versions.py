@@ -86,10 +86,26 @@ def arrays_digest(arrays: Mapping[str, np.ndarray]):
 def directory_hash(folder: str | Path) -> str:
     """SHA-256 over the files under `folder`: each relative path with the SHA-256 of its bytes, in path order.
     Independent of where the folder lives and of file times."""
-    root = Path(folder)
+    return files_hash(file_hashes(folder))
+
+
+def file_hashes(*folders: str | Path) -> dict[str, str]:
+    """Relative path (with "/") -> SHA-256 of each file under `folders`, as if their files lay in one folder: a
+    registered version's files are logged into one from the weights' folder and the folder of its MLflow metadata
+    (resources/tracking.py). Comparing two such maps names the files that differ."""
+    found = {}
+    for folder in folders:
+        root = Path(folder)
+        found.update({path.relative_to(root).as_posix(): file_hash(path) for path in root.rglob("*") if path.is_file()})
+    return found
+
+
+def files_hash(hashes: Mapping[str, str]) -> str:
+    """directory_hash of the files `file_hashes` found: each path with its file's hash, in path order (the order of
+    the paths' parts, "a/x" before "a-b/x")."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0" + file_hash(path).encode())
+    for relative in sorted(hashes, key=lambda path: path.split("/")):
+        digest.update(relative.encode("utf-8") + b"\0" + hashes[relative].encode())
     return digest.hexdigest()
 
 

@@ -33,7 +33,7 @@ from dagster import (AssetKey, AssetSelection, AutomationCondition, AutomationCo
 from covlab.assets.model_registry import registered_model_name
 from covlab.assets.partitions import DATASETS
 from covlab.models.registry import TRAINED_SELECTORS as TRAINED, Report
-from covlab.resources.lineage import latest_materialization
+from covlab.resources.materializations import latest_materialization
 from covlab.resources.tracking import TrackingResource
 
 REPORTS = sorted((AssetKey(report.value) for report in Report), key=lambda key: key.to_user_string())

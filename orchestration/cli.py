@@ -5,7 +5,7 @@
     covlab dataset list
     covlab dataset generate longdoc --out DIR [--profile small|full] [--seed N]   # write a generated dataset
     covlab materialize --dataset NAME [--select KEY ...] [--config run_config.yaml]
-    covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget B] [--full] [--json]
+    covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget k=10|tokens=256]
     covlab audit --value 0.702 [--tolerance 5e-4] [--all] [--full] [--json]   # a number's branch and its cost
     covlab audit --help                            # also lists the methods, metrics, splits in the results store
     covlab reproduce --value 0.664 [--allow-dirty] [--keep] [--json]   # rebuild a figure from its lineage, compare
@@ -29,17 +29,15 @@ from pathlib import Path
 
 import yaml
 
-from covlab.orchestration.settings import DEMO_CONFIG
-
 
 IN_PROCESS_JOB = "__ephemeral_asset_job__"  # the name Dagster's `materialize` gives the job of its runs
 
 
 def _instance():
-    """The Dagster instance (opened under its lock: orchestration/settings.py instance_lock), with every
+    """The Dagster instance (opened under its lock: orchestration/instance.py instance_lock), with every
     registered dataset a partition: a registration whose command failed after updating datasets.json gets
     its partition here, so the registry and the partitions agree."""
-    from covlab.orchestration.settings import instance_lock, open_instance
+    from covlab.orchestration.instance import instance_lock, open_instance
 
     registry = _registry()
     with instance_lock() as home:
@@ -59,13 +57,13 @@ def _add_partitions(instance, names) -> None:
 
 
 def _registry():
-    from covlab.orchestration.settings import dataset_registry
+    from covlab.resources.home import dataset_registry
 
     return dataset_registry()  # the one default_resources holds, without importing every asset
 
 
 def dataset_add(name: str, fmt: str, path: str | None, replace: bool = False) -> None:
-    from covlab.orchestration.settings import instance_lock, open_instance
+    from covlab.orchestration.instance import instance_lock, open_instance
     from covlab.resources.datasets import read_dataset
 
     dataset = read_dataset(name, fmt, path)  # refuse a bad name or a dataset that does not read cleanly
@@ -149,7 +147,7 @@ def run_failed(error: BaseException, instance, run_id: str) -> str:
 def summarize(result, seconds: float) -> str:
     from covlab.orchestration.console import key_figures
     from covlab.orchestration.definitions import default_resources
-    from covlab.orchestration.settings import covlab_home
+    from covlab.resources.home import covlab_home
 
     lines = [f"covlab: run {result.run_id} succeeded in {seconds:.0f} s", "built:"]
     for event in result.get_asset_materialization_events():
@@ -194,9 +192,11 @@ def audit_command(args) -> int:
     """Print each figure asked for, the branch of its report's lineage that produced it (--full: the whole
     lineage with its detail lines) and what that branch cost; --json: the same in full detail."""
     from covlab.models.registry import METHOD
-    from covlab.orchestration.definitions import ASSETS, default_resources
-    from covlab.resources.lineage import (StepClock, audit_figures, branch_nodes, lineage_cost, off_branch,
-                                          render_branch, render_text)
+    from covlab.orchestration.definitions import default_resources
+    from covlab.resources.lineage import branch_nodes, off_branch
+    from covlab.resources.lineage_cost import StepClock, lineage_cost
+    from covlab.resources.lineage_text import render_branch, render_text
+    from covlab.resources.report_lineage import audit_figures
 
     instance, results = _instance(), default_resources()["results"]
     figures, earlier = _requested_figures(args, instance, results)
@@ -207,7 +207,7 @@ def audit_command(args) -> int:
     for audit in audits:  # what is shown: the figures' branch, or the whole lineage (--full, or no branch recorded)
         audit["shown"] = None if args.full else audit["branch"]
         audit["cost"] = lineage_cost(instance, branch_nodes(audit["shown"] or audit["lineage"], [audit["lineage"]]),
-                                     ASSETS, scope="branch" if audit["shown"] else "lineage", clock=clock)
+                                     scope="branch" if audit["shown"] else "lineage", clock=clock)
     if args.json:
         print(json.dumps([{"figures": a["figures"], "lineage": a["lineage"].to_dict(), "cost": a["cost"].to_dict()}
                           for a in audits], indent=2, sort_keys=True, default=str))
@@ -229,7 +229,7 @@ def audit_command(args) -> int:
         else:
             if shown is None:
                 print("(the report recorded no method_inputs for these methods: its whole lineage, each node once)")
-            print(render_branch(shown or lineage, [lineage], ASSETS))
+            print(render_branch(shown or lineage, [lineage]))
             hidden = off_branch(shown or lineage, [lineage])
             flagged = sum(bool(node.stale or node.gap or node.changed) for node in hidden)
             if hidden:
@@ -268,9 +268,10 @@ def _figure_context(figure: dict, results, branch) -> dict:
 
 def _requested_figures(args, instance, results):
     """The stored figures `covlab audit`/`reproduce` were asked for (--value, or --dataset, --method and
-    --metric: the latest such aggregate figure), and how many earlier materializations of them were left
-    out; UsageError when the options name none, FigureNotFound when nothing stored matches."""
-    from covlab.resources.lineage import confirm_reports
+    --metric: the latest such aggregate figure, at --budget when given), and how many earlier materializations of
+    them were left out; UsageError when the options name none or match figures at several budgets (_one_budget),
+    FigureNotFound when nothing stored matches."""
+    from covlab.resources.report_lineage import confirm_reports
 
     confirm_reports(instance, results)  # figures count once Dagster has recorded their report
     earlier = 0
@@ -279,9 +280,11 @@ def _requested_figures(args, instance, results):
         if not getattr(args, "all", False):
             figures, earlier = _newest_of_each(figures)
     elif args.dataset and args.method and args.metric:
+        budget = _budget(args.budget)
         figures = results.figures(dataset=args.dataset, method=args.method, metric=args.metric,
-                                  budget=args.budget, split=args.split, aggregate_only=True, confirmed_only=True)
-        figures = figures.tail(1)  # the latest report's figure
+                                  budget=budget.tokens if budget else None, k=budget.k if budget else None,
+                                  split=args.split, aggregate_only=True, confirmed_only=True)
+        figures = _one_budget(args, figures).tail(1)  # the latest report's figure
     else:
         raise UsageError(f"{args.command}: give --value, or --dataset, --method and --metric")
     if figures.empty:
@@ -294,7 +297,7 @@ def leaderboard_command(args) -> int:
     a dataset, each led by its answer per budget (models/leaderboard.py); --json: the rows as records."""
     from covlab.models.leaderboard import LEADERBOARD_REPORTS, answers, stored_leaderboard
     from covlab.orchestration.definitions import default_resources
-    from covlab.resources.lineage import confirm_reports
+    from covlab.resources.report_lineage import confirm_reports
 
     instance, results = _instance(), default_resources()["results"]
     confirm_reports(instance, results)  # a report counts once Dagster has recorded its materialization
@@ -323,9 +326,9 @@ def reproduce_command(args) -> int:
     """Rebuild each report materialization behind the requested figure(s) in a scratch home and compare:
     0 when REPRODUCED, 1 when DIVERGED, 2 when the lineage cannot be rebuilt (refused, with the reason)."""
     from covlab.orchestration.definitions import default_resources
-    from covlab.resources.lineage import plain
     from covlab.orchestration.reproduce import ReproduceRefused, render, reproduce
-    from covlab.orchestration.settings import covlab_home
+    from covlab.resources.home import covlab_home
+    from covlab.resources.materializations import plain
 
     instance, results = _instance(), default_resources()["results"]
     figures, _ = _requested_figures(args, instance, results)
@@ -360,7 +363,42 @@ def _figure_options(command: argparse.ArgumentParser, verb: str) -> None:
     command.add_argument("--method", help="the method of the figure (`covlab audit --help` lists them)")
     command.add_argument("--metric", help="the metric of the figure, e.g. alpha_ndcg@10")
     command.add_argument("--split", help="query split of the figure (default: any)")
-    command.add_argument("--budget", type=int, help="token budget of the figure (budgeted reports; default: any)")
+    command.add_argument("--budget", metavar="k=K|tokens=B",
+                         help="with --dataset: the budget of the figure, k=10 (k documents: coverage_report) or "
+                              "tokens=256 (a token budget: comparison_report); needed when the method's metric is "
+                              "reported at several budgets")
+
+
+def _budget(text: str | None):
+    """`--budget` as a Budget (models/selectors.py): `k=<items>` or `tokens=<token budget>`; None when not given,
+    UsageError when it is neither."""
+    from covlab.models.selectors import BUDGET_UNITS, Budget
+
+    if text is None:
+        return None
+    unit, _, limit = text.partition("=")
+    try:
+        if unit not in BUDGET_UNITS or not limit.isdigit():
+            raise ValueError("expected k=<items> or tokens=<token budget>, e.g. k=10 or tokens=256")
+        return Budget(**{unit: int(limit)})
+    except ValueError as error:
+        raise UsageError(f"--budget {text}: {error}") from None
+
+
+def _one_budget(args, figures):
+    """`figures` (a method's metric, aggregate) when they are all at one budget; UsageError listing each budget
+    and the report holding it when they are at several: the newest of them is no answer to the question."""
+    from covlab.resources.materializations import plain
+
+    if len(figures[["budget", "k"]].drop_duplicates()) <= 1:
+        return figures
+    found = [plain(row) for row in figures[["k", "budget", "report_asset"]].drop_duplicates().to_dict("records")]
+    listed = [(f"k={row['k']}" if row["k"] is not None else f"tokens={row['budget']}") + f" ({row['report_asset']})"
+              for row in sorted(found, key=lambda row: (row["k"] is None, row["k"] or row["budget"]))]
+    raise UsageError(f"{args.command}: {args.method} {args.metric} of {args.dataset}"
+                     + (f" on {args.split}" if args.split else "")
+                     + f" is reported at several budgets: {', '.join(listed)}; name one with --budget, e.g. "
+                       f"--budget {listed[0].split()[0]}")
 
 
 def _newest_of_each(figures):
@@ -407,7 +445,7 @@ def _stored_figures_help() -> str:
     from sqlalchemy.exc import SQLAlchemyError
 
     from covlab.orchestration.definitions import default_resources
-    from covlab.orchestration.settings import covlab_home
+    from covlab.resources.home import covlab_home
 
     results = default_resources()["results"]
     try:
@@ -442,6 +480,7 @@ def _check_args(args) -> None:
         if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
             wrong = "negative" if args.tolerance < 0 else "not a finite number"
             raise UsageError(f"--tolerance {args.tolerance}: {wrong}; expected a finite number >= 0, e.g. 5e-4")
+        _budget(args.budget)
     if args.command == "materialize" and args.select:
         from dagster import AssetKey
 
@@ -544,35 +583,48 @@ def slots_command(args) -> int:
 
 def serve_command(args) -> int:
     """`covlab serve`: covlab.serving.http.serve with the flags' settings; a method that cannot load exits 2."""
+    from dataclasses import fields
+
     from covlab.serving import ServingError
-    from covlab.serving.http import Limits, ServeSettings, serve
+    from covlab.serving.http import Limits, ServeSettings, serve, serve_token
 
     try:
-        limits = Limits(args.max_body_bytes, args.max_candidates, args.max_text_chars)
+        limits = Limits(**{setting.name: getattr(args, setting.name) for setting in fields(Limits)})
     except ValueError as exc:
         raise UsageError(f"--{str(exc).replace('_', '-')}") from None
+    try:
+        token = serve_token()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if not (math.isfinite(args.poll_seconds) and args.poll_seconds >= 0):
         raise UsageError(f"--poll-seconds {args.poll_seconds}: expected a finite number >= 0 (0: do not poll)")
     if not (math.isfinite(args.shutdown_seconds) and args.shutdown_seconds >= 0):
         raise UsageError(f"--shutdown-seconds {args.shutdown_seconds}: expected a finite number >= 0")
     try:
         serve(ServeSettings(tuple(args.method or ()), args.dataset, args.alias, args.tracking_uri, args.host,
-                            args.port, args.poll_seconds, args.device, limits, args.shutdown_seconds))
+                            args.port, args.poll_seconds, args.device, limits, args.shutdown_seconds, token))
     except ServingError as exc:
         raise UsageError(str(exc)) from None
     return 0
 
 
 def _serve_parser(commands) -> None:
-    from covlab.serving.http import DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, DEFAULT_SHUTDOWN_SECONDS, Limits
+    from dataclasses import fields
 
-    limits = Limits()
+    from covlab.serving.http import (DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, DEFAULT_SHUTDOWN_SECONDS,
+                                     TOKEN_VARIABLE, Limits)
+
     serve = commands.add_parser(
         "serve", help="the registry's selectors and corpus retriever over HTTP (POST /v1/select, POST /v1/retrieve, "
                       "GET /v1/methods, /docs)",
         description="Serve covlab.serving's selectors and, with --dataset, its corpus retriever over HTTP "
                     "(serving/http.py), following the registry: a method whose model alias moves is reloaded and "
-                    "swapped in without a restart.")
+                    "swapped in without a restart. It listens on 127.0.0.1 unless --host says otherwise; any other "
+                    "address (0.0.0.0: every interface) serves whoever can reach it, and covlab serve warns so. "
+                    f"With {TOKEN_VARIABLE} set in its environment, every request but GET /healthz must carry "
+                    "`Authorization: Bearer <that token>` (401 otherwise). A POST's body must be JSON "
+                    "(Content-Type: application/json; 415 otherwise). Each limit below is answered with a 4xx naming "
+                    "its flag.")
     serve.add_argument("--method", action="append", metavar="M",
                        help="a method to serve (repeatable; default: every servable method that needs no trained "
                             "model, and with --dataset those that do, as far as their models are registered)")
@@ -582,7 +634,8 @@ def _serve_parser(commands) -> None:
                                                            "champion)")
     serve.add_argument("--tracking-uri", help="MLflow tracking and registry URI (default: COVLAB_MLFLOW_TRACKING_URI, "
                                               "else the store of COVLAB_HOME)")
-    serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; another "
+                                                            f"than loopback: set {TOKEN_VARIABLE})")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     serve.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
                        help=f"how often to check the aliases (default {DEFAULT_POLL_SECONDS:g}; 0: never)")
@@ -590,12 +643,10 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--shutdown-seconds", type=float, default=DEFAULT_SHUTDOWN_SECONDS,
                        help=f"on SIGTERM or Ctrl-C, how long the requests in flight may take to finish before they "
                             f"are cancelled and the process exits (default {DEFAULT_SHUTDOWN_SECONDS:g})")
-    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes,
-                       help=f"largest request body (default {limits.max_body_bytes}); larger: 413")
-    serve.add_argument("--max-candidates", type=int, default=limits.max_candidates,
-                       help=f"most candidates per request (default {limits.max_candidates})")
-    serve.add_argument("--max-text-chars", type=int, default=limits.max_text_chars,
-                       help=f"longest query or candidate text, in characters (default {limits.max_text_chars})")
+    for setting in fields(Limits):  # one flag per limit, as Limits declares it
+        shown = f"{setting.default:g}" if setting.type is float else setting.default
+        serve.add_argument(f"--{setting.name.replace('_', '-')}", type=setting.type, default=setting.default,
+                           help=f"{setting.metadata['help']} (default {shown})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -675,16 +726,18 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(commands)
     args = parser.parse_args(argv)
     if args.command == "serve":  # nothing of Dagster's is needed to serve
+        from covlab.resources.tracking_server import TrackingUnavailable
+
         try:
             return serve_command(args)
-        except UsageError as exc:
+        except (UsageError, TrackingUnavailable) as exc:  # the latter names the tracking URI redacted
             print(f"covlab: {exc}", file=sys.stderr)
             return 2
 
     from dagster import DagsterInvalidConfigError
 
     from covlab.models.schemas import DatasetError
-    from covlab.orchestration.settings import InstanceBroken
+    from covlab.orchestration.instance import InstanceBroken
 
     try:
         _check_args(args)
@@ -709,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
             dataset = "demo" if args.command == "demo" else args.dataset
             config = read_run_config(args.config) if getattr(args, "config", None) else None
             if args.command == "demo":
+                from covlab.orchestration.definitions import DEMO_CONFIG
+
                 config = DEMO_CONFIG
             instance = _instance()
             start, run_id = time.perf_counter(), str(uuid.uuid4())

@@ -27,12 +27,11 @@ from covlab.assets.report import coverage_report
 from covlab.assets.selections import SELECTION_ASSETS
 from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation, with_nightly_condition
 from covlab.orchestration.distributed import distributed_jobs
-from covlab.orchestration.settings import DEMO_CONFIG, covlab_home, dataset_registry, mlflow_tracking_uri
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import MEASURED_SOURCES, DeviceResource
 from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.home import covlab_home, dataset_registry, mlflow_tracking_uri
 from covlab.resources.io_manager import LocalTableIOManager
-from covlab.resources.lineage import use_code_location_assets
 from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
 from covlab.resources.results_store import ResultsStore
@@ -68,10 +67,19 @@ ASSETS = with_code_references(with_nightly_condition([
     # checks ride along: every materialization of their asset runs them
     *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS]))
 
-use_code_location_assets(ASSETS)  # what a running report's lineage reads config defaults and pools from
-
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
                              description="Every asset of one dataset partition, at each asset's config defaults.")
+
+# `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
+# candidate pool instead of the BM25 top-100 (and MCompass pools of the same size), one estimator epoch at a
+# higher learning rate, 8 evidence chunks per query for MCompassRAG's teacher to rate.
+DEMO_CONFIG = {"ops": {
+    "bm25_pools": {"config": {"mode": "given"}},
+    "mcompass_pools": {"config": {"n": 0}},
+    "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
+    "coverage_biencoder": {"config": {"max_length": 128}},
+    "mcompass_teacher": {"config": {"positives": 8}},
+}}
 # The same assets with the config `make demo` runs (DEMO_CONFIG) as the Launchpad's defaults, so that a run
 # launched from the UI on demo is the demo's run.
 demo = define_asset_job("demo", selection=AssetSelection.all(), config=DEMO_CONFIG,

@@ -109,7 +109,7 @@ def validation_problems(error) -> str:
 
 def disk_full(chain: list[BaseException]) -> str | None:
     """The line for a write that found its filesystem full, or None when nothing in `chain` says so."""
-    from covlab.orchestration.settings import covlab_home
+    from covlab.resources.home import covlab_home
 
     written = next((e for e in chain if isinstance(e, OSError) and e.errno in NO_SPACE), None)
     if written is not None:

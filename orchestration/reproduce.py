@@ -35,8 +35,9 @@ from dagster import AssetKey, DagsterInstance
 from covlab.models.versions import value_differences
 from covlab.resources.datasets import GENERATED_PATH, source_file_changes
 from covlab.resources.io_manager import read_stored
-from covlab.resources.lineage import (DATA_VERSION_TAG, LineageNode, audit_materialization, disk_changes,
-                                      latest_materialization, materialization_by_id, metadata_value)
+from covlab.resources.lineage import LineageNode, audit_materialization, disk_changes
+from covlab.resources.materializations import (DATA_VERSION_TAG, latest_materialization, materialization_by_id,
+                                               metadata_value)
 from covlab.resources.source import (PACKAGE_ROOT, SOURCE_METADATA, SourceError, add_worktree, read_source_state,
                                      remove_worktree)
 from covlab.resources.model_store import WEIGHTS_METADATA
@@ -306,6 +307,8 @@ def reproduce(instance: DagsterInstance, figures: list[dict], original_home: Pat
     if len({(f["report_asset"], f["partition"], f["run_id"]) for f in figures}) != 1:
         raise ValueError("reproduce: expected figures of one report materialization")
     planned = plan(instance, figures[0], allow_dirty)
+    if scratch_root is not None:  # a --scratch folder that does not exist yet is made, as the home itself is
+        scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="reproduce-", dir=scratch_root))
     built_in, seconds = rebuild(planned, scratch, allow_dirty)
     checks = compare(planned, scratch, original_home)

@@ -14,6 +14,7 @@ Formats:
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -26,7 +27,8 @@ from covlab.models.dataset import Dataset, Origin, check_dataset_name, raise_on_
 from covlab.models.schemas import SPLITS, DatasetError
 from covlab.models.versions import file_hash
 from covlab.resources.demo_dataset import build_demo_dataset
-from covlab.resources.files import read_csv, read_jsonl, read_source, read_tsv, recording_sources
+from covlab.resources.files import (ID_FORBIDDEN, ID_EXPECTED, excerpt, id_problem, is_id_field, read_csv,
+                                    read_jsonl, read_source, read_tsv, recording_sources)
 from covlab.resources.io_manager import atomic_write
 
 
@@ -112,7 +114,7 @@ def read_argkp2021(path: Path, name: str) -> Dataset:
         unknown = ~kps["topic"].isin(topics)
         if unknown.any():
             raise DatasetError(f"{path / pattern.format('key_points')}:{kps.index[unknown][0] + 2}: topic "
-                               f"{kps['topic'][unknown].iloc[0]!r} has no arguments")
+                               f"{excerpt(kps['topic'][unknown].iloc[0])} has no arguments")
         kps["query_id"] = [qid(t, s) for t, s in zip(kps["topic"], kps["stance"])]
         kps["nugget_id"] = split + "/" + kps["key_point_id"]
         nuggets.append(pd.DataFrame({"query_id": kps["query_id"], "nugget_id": kps["nugget_id"],
@@ -121,7 +123,7 @@ def read_argkp2021(path: Path, name: str) -> Dataset:
         missing = ~labels["arg_id"].isin(query_of_doc)
         if missing.any():
             raise DatasetError(f"{labels_origin.at(int(labels.index[missing][0]))}: arg_id "
-                               f"{labels['arg_id'][missing].iloc[0]!r} is not in the arguments file")
+                               f"{excerpt(labels['arg_id'][missing].iloc[0])} is not in the arguments file")
         positive = labels[labels["label"] == 1]
         links.append(pd.DataFrame({"query_id": positive["arg_id"].map(query_of_doc),
                                    "doc_id": split + "/" + positive["arg_id"],
@@ -158,8 +160,8 @@ def read_perspectrum(path: Path, name: str) -> Dataset:
             nid = f"{qid}/v{ci}"
             members = [f"p{p}" for p in cluster["pids"]]
             if cluster["pids"][0] not in text_of:
-                raise DatasetError(f"{base / 'perspectrum_with_answers_v1.0.json'}, claim {claim['cId']}: "
-                                   f"perspective {cluster['pids'][0]} is not in perspective_pool_v1.0.json")
+                raise DatasetError(f"{base / 'perspectrum_with_answers_v1.0.json'}, claim {excerpt(claim['cId'])}: "
+                                   f"perspective {excerpt(cluster['pids'][0])} is not in perspective_pool_v1.0.json")
             # A cluster's text is its first paraphrase: the viewpoint it stands for.
             nuggets.append({"query_id": qid, "nugget_id": nid, "text": text_of[cluster["pids"][0]]})
             links += [{"query_id": qid, "doc_id": d, "nugget_id": nid, "grade": 1} for d in members]
@@ -170,9 +172,16 @@ def read_perspectrum(path: Path, name: str) -> Dataset:
     return _finish(name, base, tables, {})
 
 
+# Largest whole-JSON dataset file read (Perspectrum's are a few MB): parsing one needs all of it in memory at once.
+MAX_JSON_BYTES = 512 * 2**20
+
+
 def _read_json(file: Path, kind: type):
     if not file.is_file():
         raise DatasetError(f"{file}: file not found")
+    if (size := file.stat().st_size) > MAX_JSON_BYTES:
+        raise DatasetError(f"{file}: {size:,} bytes; expected a JSON document of at most {MAX_JSON_BYTES:,} bytes "
+                           f"({MAX_JSON_BYTES // 2**20} MiB), which is read whole")
     try:
         value = json.loads(read_source(file).decode("utf-8"))
     except UnicodeDecodeError:
@@ -189,7 +198,41 @@ def _finish(name: str, path: Path, tables: dict[str, pd.DataFrame], origins: dic
                                                       "candidates")}
     tables.setdefault("nuggets", pd.DataFrame(columns=["query_id", "nugget_id", "text"]))
     tables.setdefault("nugget_links", pd.DataFrame(columns=["query_id", "doc_id", "nugget_id", "grade"]))
-    return raise_on_problems(Dataset(name=name, **tables, origins={**defaults, **origins}))
+    dataset = Dataset(name=name, **tables, origins={**defaults, **origins})
+    check_ids(dataset)
+    return raise_on_problems(dataset)
+
+
+# A chunk id as models/chunks.py makes it: `<doc_id>#<i>`, i from 0 without leading zeros.
+CHUNK_ID = re.compile(r"(?s)(.+)#(0|[1-9][0-9]*)")
+
+
+def check_ids(dataset: Dataset) -> None:
+    """DatasetError naming the record when an id of any table (a column named `<something>_id`) is no id
+    (resources/files.py: id_problem; the readers check the ids they read, this also those a reader builds),
+    or when a document id is also the id chunking gives a chunk of another document ("x#0" beside "x"), naming
+    both records: the chunks step would fail on it only later."""
+    for table in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates"):
+        frame, origin = dataset.table(table), dataset.origin(table)
+        for column in (c for c in frame.columns if is_id_field(c)):
+            values = frame[column].astype(str)
+            bad = values.eq("") | values.str.contains(ID_FORBIDDEN.pattern, regex=True)
+            if bad.any():
+                position = int(bad.to_numpy().nonzero()[0][0])
+                value = values.iloc[position]
+                raise DatasetError(f"{origin.at(position)}: {column} {excerpt(value)} {id_problem(value)}; "
+                                   f"{ID_EXPECTED}")
+    doc_ids = dataset.corpus["doc_id"].astype(str)
+    position_of = {doc_id: position for position, doc_id in enumerate(doc_ids)}
+    origin = dataset.origin("corpus")
+    for position, doc_id in enumerate(doc_ids):
+        chunk = CHUNK_ID.fullmatch(doc_id) if "#" in doc_id else None
+        if chunk and chunk.group(1) in position_of:
+            raise DatasetError(
+                f"{origin.at(position)}: doc_id {excerpt(doc_id)} is also the id of chunk {chunk.group(2)} of "
+                f"document {excerpt(chunk.group(1))} ({origin.at(position_of[chunk.group(1)])}), which the chunks "
+                "step makes when that document is longer than a chunk; expected no doc_id of the form "
+                "'<another doc_id>#<number>': rename one of the two")
 
 
 READERS: dict[str, Callable[[Path, str], Dataset]] = {
@@ -267,7 +310,7 @@ class DatasetRegistry(ConfigurableResource):
                     or not isinstance(entry.get("format"), str) or "path" not in entry), None) \
             if isinstance(stored, dict) else "(top level)"
         if bad is not None:
-            raise DatasetError(f"{file}: the dataset registry's entry {bad!r} is not a dataset; {expected}")
+            raise DatasetError(f"{file}: the dataset registry's entry {excerpt(bad)} is not a dataset; {expected}")
         return {"demo": {"format": "demo", "path": None}, **stored}
 
     def register(self, name: str, fmt: str, path: str | None, replace: bool = False) -> dict:

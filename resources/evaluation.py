@@ -59,7 +59,7 @@ class EvaluationResource(ConfigurableResource):
     tune_split: str = Field("dev", description="split used to compare model versions (champion promotion) and "
                                                "to choose the soft greedy's blend weight")
     k: int = Field(10, description="documents per selected context")
-    tau: float = Field(0.3, description="estimated coverage probability counted as covered")
+    tau: float = Field(SelectorSettings.tau, description="estimated coverage probability counted as covered")
     alpha: float = Field(0.5, description="alpha of alpha-nDCG")
     min_estimator_dev_auc: float = Field(
         MIN_ESTIMATOR_DEV_AUC, description="dev ROC-AUC the coverage estimator must reach to be followed: below it the estimator "
@@ -80,7 +80,7 @@ class EvaluationResource(ConfigurableResource):
                              "matrices keep the standard split: the estimator is trained on train)")
     cv_folds: int = Field(5, description="grouped_cv: number of topic-grouped folds")
     cv_seed: int = Field(0, description="grouped_cv: seed of the topic-to-fold assignment")
-    mmr_lambda: float = Field(0.5, description="lambda of the budgeted MMR (relevance weight, METHODS.md §5)")
+    mmr_lambda: float = Field(SelectorSettings.mmr_lambda, description="lambda of the budgeted MMR (relevance weight, METHODS.md §5)")
 
     @field_validator(*SETTING_CHECKS)
     @classmethod
@@ -104,7 +104,8 @@ class EvaluationResource(ConfigurableResource):
 
     def selector_settings(self) -> SelectorSettings:
         """The settings every method's selector is built with (models/registry.py)."""
-        return SelectorSettings(tau=self.tau, mmr_lambda=self.mmr_lambda)
+        return SelectorSettings(tau=self.tau, mmr_lambda=self.mmr_lambda,
+                                min_estimator_dev_auc=self.min_estimator_dev_auc)
 
     def estimate_trust(self, dev_auc: float, nugget_links: pd.DataFrame | None) -> EstimateTrust:
         """How far a selection on the estimator's matrix may follow it: the estimator's dev ROC-AUC against the

@@ -2,15 +2,25 @@
 
 Each returns a DataFrame plus the line number of its first record, and raises DatasetError naming the
 file, the line and what was expected on the first malformed record: broken JSON, missing fields, wrong
-types, wrong field counts, non-UTF-8 bytes, empty files.
+types, wrong field counts, non-UTF-8 bytes, empty files, a line longer than MAX_LINE_BYTES, and an id field
+(named `_id` or `<something>_id`) that is empty or holds a tab, a line break, NUL or another control character.
+
+A file is streamed a line at a time, each line read at most MAX_LINE_BYTES long, so what a reader holds beyond
+its records is one line: a 2 GB file of NUL bytes is refused at line 1 after reading 64 MiB of it.
+
+A file that fails to parse may be anything a path or a symbolic link leads to (a credentials file): messages
+quote at most EXCERPT_CHARS characters of what it holds (`excerpt`: a secret-named environment variable's value
+redacted first, then cut, then escaped to printable characters), and nothing of a header that is not the
+expected one.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import hashlib
-import io
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,11 +30,21 @@ import pandas as pd
 
 from covlab.models.dataset import Origin
 from covlab.models.schemas import DatasetError
+from covlab.resources.secrets import environment_secrets, redact
 
 FieldTypes = dict[str, type | tuple[type, ...]]
 # Integer fields become int64 columns: a value outside this range would overflow (or silently wrap) there.
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 INT64_RANGE = f"a 64-bit signed integer, {INT64_MIN} to {INT64_MAX}"
+# Longest line read, in bytes. A record's title and text hold at most 1,000,000 characters each
+# (models/dataset.py: MAX_DOCUMENT_CHARS), at most 24 MB even as JSON \uXXXX escapes of surrogate pairs.
+MAX_LINE_BYTES = 64 * 2**20
+# Most characters of a field's value a message quotes (`excerpt`).
+EXCERPT_CHARS = 40
+# What an id may not hold: control characters (C0, DEL, C1: tab, line breaks, NUL, escapes) and the Unicode
+# line and paragraph separators. Ids become TSV fields, run-file columns and `<doc_id>#<i>` chunk ids.
+ID_FORBIDDEN = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+ID_EXPECTED = "expected an id: at least one character, none of them a tab, line break, NUL or other control character"
 
 
 # The dataset files read inside a `recording_sources` block: path -> SHA-256 of the bytes read.
@@ -51,31 +71,47 @@ def read_source(path: Path) -> bytes:
     return raw
 
 
-def _lines(path: Path) -> list[str]:
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file, streamed: lines end at "\n" (a "\r" before it is dropped), a
+    BOM is skipped, each line is at most MAX_LINE_BYTES long. The file's SHA-256 is recorded (`recording_sources`)
+    once it was read to its end; a file with no text raises "file is empty" there."""
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
-    raw = read_source(path)
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DatasetError(f"{path}:{line}: not valid UTF-8 (byte {raw[exc.start]:#04x}); "
-                           "expected UTF-8 text") from None
-    if not text.strip():
+    digest, has_text = hashlib.sha256(), False
+    with open(path, "rb") as handle:
+        number = 0
+        while raw := handle.readline(MAX_LINE_BYTES + 1):
+            number += 1
+            digest.update(raw)
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise DatasetError(f"{path}:{number}: line longer than {MAX_LINE_BYTES:,} bytes "
+                                   f"({MAX_LINE_BYTES // 2**20} MiB); expected text with one record per line (a "
+                                   "document's title and text hold at most 1,000,000 characters each)")
+            body = raw[:-1] if raw.endswith(b"\n") else raw
+            if number == 1 and body.startswith(codecs.BOM_UTF8):
+                body = body[len(codecs.BOM_UTF8):]
+            try:
+                line = body.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{number}: not valid UTF-8 (byte {body[exc.start]:#04x}); "
+                                   "expected UTF-8 text") from None
+            # Records end at "\n" (or "\r\n") only: str.splitlines() would also break at U+2028, U+0085, \x0b,
+            # \x0c and \x1c-\x1e, which JSON strings and TSV fields may hold raw, splitting a valid record in two.
+            line = line[:-1] if line.endswith("\r") else line
+            has_text = has_text or bool(line.strip())
+            yield number, line
+    if not has_text:
         raise DatasetError(f"{path}: file is empty; expected at least one record")
-    # Records end at "\n" (or "\r\n") only: str.splitlines() would also break at U+2028, U+0085, \x0b, \x0c
-    # and \x1c-\x1e, which JSON strings and TSV fields may hold raw, splitting a valid record in two.
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    sources = _SOURCES.get()
+    if sources is not None:
+        sources[path] = digest.hexdigest()
 
 
 def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = None) -> tuple[pd.DataFrame, Origin]:
     """Records of a JSON-lines file; `fields` must be present with the given types, `optional` may be."""
     optional = optional or {}
     records, numbers = [], []
-    for number, line in enumerate(_lines(path), start=1):
+    for number, line in _lines(path):
         if not line.strip():
             continue
         try:
@@ -93,8 +129,9 @@ def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = Non
                 continue
             if not isinstance(record[name], kind) or isinstance(record[name], bool) and kind is not bool:
                 raise DatasetError(f"{path}:{number}: field {name!r} must be {_type_name(kind)}, "
-                                   f"got {type(record[name]).__name__} {_shown(record[name])}{_expected(kind)}")
+                                   f"got {type(record[name]).__name__} {excerpt(record[name])}{_expected(kind)}")
             _check_int64(record[name], f"{path}:{number}", name)
+            _check_id(record[name], f"{path}:{number}", name)
         numbers.append(number)
         records.append({k: record.get(k) for k in {**fields, **optional}})
     if not records:
@@ -115,10 +152,14 @@ def read_tsv(path: Path, columns: dict[str, type], header: bool | list[str] = Fa
     start = 0
     if header:
         start = 1
-        if isinstance(header, list) and lines[0].split("\t") != header:
-            raise DatasetError(f"{path}:1: header {lines[0]!r}; expected {chr(9).join(header)!r}")
+        _, first = next(lines)
+        if isinstance(header, list) and first.split("\t") != header:
+            # Nothing of the line is quoted: the file may be anything a link leads to (module docstring).
+            raise DatasetError(f"{path}:1: not the header; expected the header line {chr(9).join(header)!r} "
+                               f"({len(header)} tab-separated names), found {len(first.split(chr(9)))} field(s) "
+                               "that differ")
     rows = []
-    for number, line in enumerate(lines[start:], start=start + 1):
+    for number, line in lines:
         if not line.strip():
             raise DatasetError(f"{path}:{number}: blank line; expected {len(columns)} tab-separated fields")
         parts = line.split("\t")
@@ -136,15 +177,15 @@ def read_tsv(path: Path, columns: dict[str, type], header: bool | list[str] = Fa
 
 def read_csv(path: Path, columns: dict[str, type]) -> tuple[pd.DataFrame, Origin]:
     """Comma-separated records with a header holding at least `columns` (quoted fields may span lines)."""
-    lines = _lines(path)
-    reader = csv.reader(io.StringIO("\n".join(lines) + "\n"))
+    reader = csv.reader(line + "\n" for _, line in _lines(path))
     try:
         header = next(reader)
     except csv.Error as exc:
         raise DatasetError(f"{path}:1: unreadable CSV header ({exc})") from None
     missing = [c for c in columns if c not in header]
-    if missing:
-        raise DatasetError(f"{path}:1: missing column(s) {missing}; header is {header}")
+    if missing:  # the header itself is not quoted: the file may be anything a link leads to
+        raise DatasetError(f"{path}:1: missing column(s) {missing}; expected a header line naming "
+                           f"{', '.join(columns)} (found {len(header)} other column(s))")
     index = {c: header.index(c) for c in columns}
     rows, line_numbers = [], []
     while True:
@@ -168,19 +209,20 @@ def read_csv(path: Path, columns: dict[str, type]) -> tuple[pd.DataFrame, Origin
 
 def _parse(value: str, kind: type, where: str, name: str):
     if kind is str:
+        _check_id(value, where, name)
         return value
     try:
         parsed = kind(value)
     except ValueError:
         raise DatasetError(f"{where}: field {name!r} must be {_type_name(kind)}, "
-                           f"got {_shown(value)}{_expected(kind)}") from None
+                           f"got {excerpt(value)}{_expected(kind)}") from None
     _check_int64(parsed, where, name)
     return parsed
 
 
 def _check_int64(value: object, where: str, name: str) -> None:
     if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
-        raise DatasetError(f"{where}: field {name!r} is {_shown(value)}, outside the 64-bit signed integer "
+        raise DatasetError(f"{where}: field {name!r} is {excerpt(value)}, outside the 64-bit signed integer "
                            f"range; expected {INT64_RANGE}")
 
 
@@ -188,10 +230,37 @@ def _expected(kind: type | tuple[type, ...]) -> str:
     return f"; expected {INT64_RANGE}" if kind is int else ""
 
 
-def _shown(value: object) -> str:
-    """repr of `value`, cut to its first 40 characters and total length when longer (a 20 MB field)."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:40]}... ({len(text)} characters)"
+def id_problem(value: str) -> str | None:
+    """What makes `value` no id (ID_EXPECTED): "is empty", "holds a tab", ...; None when it is one."""
+    if value == "":
+        return "is empty"
+    found = ID_FORBIDDEN.search(value)
+    if found is None:
+        return None
+    char = found.group()
+    kind = {"\t": "a tab", "\x00": "a NUL"}.get(char) or ("a line break" if char in "\n\r\x0b\x0c\x1c\x1d\x1e\x85"
+                                                        "\u2028\u2029" else "a control character")
+    return f"holds {kind}"
+
+
+def is_id_field(name: str) -> bool:
+    """Whether a field holds an id: `_id` (BEIR) or `<something>_id` (doc_id, query_id, arg_id, ...)."""
+    return name == "_id" or name.endswith("_id")
+
+
+def _check_id(value: object, where: str, name: str) -> None:
+    if isinstance(value, str) and is_id_field(name) and (problem := id_problem(value)) is not None:
+        raise DatasetError(f"{where}: field {name!r} {problem}; {ID_EXPECTED}, got {excerpt(value)}")
+
+
+def excerpt(value: object) -> str:
+    """`value` as a message quotes it: the value of every secret-named environment variable (resources/secrets.py)
+    redacted, cut to its first EXCERPT_CHARS characters, escaped by repr to printable characters, with its whole
+    length when it was cut (a 20 MB field, a credentials file behind a link)."""
+    text = value if isinstance(value, str) else repr(value)
+    text = redact(text, environment_secrets().values())
+    shown = (lambda cut: repr(cut) if isinstance(value, str) else cut)(text[:EXCERPT_CHARS])
+    return shown if len(text) <= EXCERPT_CHARS else f"{shown}... ({len(text):,} characters)"
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

@@ -1,23 +1,16 @@
 """An OpenAI-compatible chat-completions endpoint (vLLM, Ollama, TGI, OpenAI) with a persistent answer cache.
 
 The Decompose, Estimate, Select pipeline (METHODS.md §1) asks an LLM for subquestions, CRUX ratings and
-answers. Every answer that parsed is stored in a SQLAlchemy table keyed by a SHA-256 of (model, messages,
-sampling parameters), so re-running an asset makes no request at all, and a crash half-way loses nothing that
-was already answered.
+answers. Every answer that parsed is stored in the answer cache (resources/llm_cache.py), so re-running an asset
+makes no request at all, and a crash half-way loses nothing that was already answered.
 
 Transport retries are our own loop over httpx rather than the openai SDK's: the SDK's backoff base and cap
 are module constants (`INITIAL_RETRY_DELAY`, `MAX_RETRY_DELAY`) reachable only through a private method, it
 also retries 409 and obeys an `x-should-retry` header, and its waits cannot be made short enough for a test
 without patching internals. Here the retried faults (timeouts and other transport errors, 408, 429, 5xx), the
-backoff base, cap and jitter are all fields, and `Retry-After` is honoured.
-
-A response is streamed, so two limits hold whatever the server does. `timeout_s` is a deadline for a whole
-attempt: connecting, sending, the status line, the headers and the body. httpx's own timeouts bound each
-socket read, which a server trickling bytes (of its headers or its body) never trips, and httpx has no total
-timeout; so each attempt runs as a coroutine on the resource's own event loop thread under
-`asyncio.wait_for`, which cancels it, wherever it is, when `timeout_s` has passed. A miss is retried like a
-timeout. And at most `max_response_bytes` of a body are read (a larger answer fails without a retry; of an
-error body only the first bytes are kept, for the message), so memory does not grow with what the server sends.
+backoff base, cap and jitter are all fields, and `Retry-After` is honoured. One attempt is one POST read within
+a deadline and a size limit (resources/llm_transport.py); a miss of the deadline is retried like a timeout, and
+a larger answer than `max_response_bytes` fails without a retry.
 
 What the calls cost is counted (`LLMUsage`): answers served from the cache, requests sent, and the prompt
 and completion tokens the endpoint reports in each completion's `usage`. A step records its share with
@@ -26,61 +19,42 @@ and completion tokens the endpoint reports in each completion's `usage`. A step 
 The API key (pass `dagster.EnvVar("COVLAB_LLM_API_KEY")`) is sent as a bearer token and nowhere else: it is
 hidden from repr/str, left out of `describe()`, of the cache key and rows, and redacted from error messages and
 log lines in every common encoding (resources/secrets.py: JSON-escaped, percent-encoded, base64, any case, ...),
-since a server may echo the request back in any of them. Response text is quoted in those only redacted first
-and then cut to `ERROR_BODY_CHARS`, so no part of a key can survive at the cut. Credentials in `base_url`
-(http://user:password@host/v1) are shown nowhere: `describe()` and every message render the URL as
-http://***@host/v1 (`display_url`).
+since a server may echo the request back in any of them. An answer is redacted the same way as soon as it
+arrives, before it is parsed, cached or re-asked with: an answer quoting the key (or the URL's credentials)
+reaches neither the cache nor what the caller stores (the subquestions table). Response text is quoted in
+messages only redacted first and then cut to `ERROR_BODY_CHARS`, so no part of a key can survive at the cut.
+Credentials in `base_url` (http://user:password@host/v1) are shown nowhere: `describe()` and every message render
+the URL as http://***@host/v1 (`display_url`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
-import os
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from email.utils import parsedate_to_datetime
-from pathlib import Path
 from typing import Literal, TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 from dagster import ConfigurableResource, EnvVar, InitResourceContext, get_dagster_logger
 from pydantic import Field, PrivateAttr
-from sqlalchemy import (Column, DateTime, MetaData, String, Table, Text, create_engine, delete, insert, inspect,
-                        select)
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DatabaseError, IntegrityError
 
+from covlab.resources.llm_cache import AnswerCache, Messages, request_key
+from covlab.resources.llm_transport import (RETRYABLE_STATUS, ChatTransport, DeadlineExceeded, Received, display_url,
+                                            retry_after_s, split_credentials)
 from covlab.resources.secrets import redact, url_secrets
 
 T = TypeVar("T")
-Messages = list[dict[str, str]]
 
-RETRYABLE_STATUS = frozenset({408, 429, *range(500, 600)})
 ROLES = frozenset({"system", "user", "assistant"})
 ERROR_BODY_CHARS = 500  # how much of a response body (or other answer text) a message quotes
-ERROR_BODY_BYTES = 64 * 1024  # how much of an error status's body is read: far more than ERROR_BODY_CHARS
 FORMAT_CORRECTION = ("Your previous reply could not be used: {problem}. Reply again with only what was asked "
                      "for, exactly in the requested format.")
 
 _LOG = get_dagster_logger("covlab.llm")
-
-_CACHE_METADATA = MetaData()
-LLM_CACHE = Table(
-    "llm_cache", _CACHE_METADATA,
-    Column("key", String(64), primary_key=True, comment="SHA-256 of model, messages and sampling parameters"),
-    Column("prompt_id", String(200), nullable=False),
-    Column("model", String(200), nullable=False),
-    Column("answer", Text, nullable=False, comment="the raw answer text, which parsed when it was stored"),
-    Column("created_at", DateTime(timezone=True), nullable=False),
-)
 
 
 class LLMError(RuntimeError):
@@ -108,85 +82,6 @@ class LLMFormatError(LLMError):
         self.prompt_id, self.raw_answer, self.problem, self.attempts = prompt_id, raw_answer, problem, attempts
 
 
-class AnswerCache:
-    """Answers that parsed, in any SQLAlchemy database (a SQLite file or a server); thread-safe: one engine,
-    one short transaction per read or write."""
-
-    def __init__(self, url: str):
-        parsed = make_url(url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(parsed)
-        try:
-            _CACHE_METADATA.create_all(self.engine)
-        except DatabaseError:  # another process created the table between the check and the CREATE
-            if not inspect(self.engine).has_table(LLM_CACHE.name):
-                raise
-
-    def get(self, key: str) -> str | None:
-        with self.engine.connect() as connection:
-            return connection.execute(select(LLM_CACHE.c.answer).where(LLM_CACHE.c.key == key)).scalar()
-
-    def put(self, key: str, prompt_id: str, model: str, answer: str) -> None:
-        row = {"key": key, "prompt_id": prompt_id, "model": model, "answer": answer,
-               "created_at": datetime.now(timezone.utc)}
-        try:
-            with self.engine.begin() as connection:
-                connection.execute(delete(LLM_CACHE).where(LLM_CACHE.c.key == key))
-                connection.execute(insert(LLM_CACHE).values(**row))
-        except IntegrityError:
-            pass  # a concurrent call stored an answer to the identical request first; keep that one
-
-    def close(self) -> None:
-        self.engine.dispose()
-
-
-def request_key(model: str, messages: Messages, temperature: float, max_tokens: int, seed: int | None) -> str:
-    """SHA-256 (hex) of everything that determines an answer: the cache key."""
-    material = {"model": model, "messages": messages, "temperature": temperature, "max_tokens": max_tokens,
-                "seed": seed}
-    return hashlib.sha256(json.dumps(material, sort_keys=True, ensure_ascii=False,
-                                     separators=(",", ":")).encode("utf-8")).hexdigest()
-
-
-def display_url(url: str) -> str:
-    """`url` as messages and metadata show it: any user:password@ replaced by ***@."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}"))
-
-
-def _split_credentials(url: str) -> tuple[str, httpx.BasicAuth | None]:
-    """`url` without its user:password@, and those as the basic auth httpx would derive from them: so the
-    request, and httpx's own log line naming its URL, carry no credentials."""
-    parts = urlsplit(url)
-    userinfo, at, host = parts.netloc.rpartition("@")
-    if not at:
-        return url, None
-    username, _, password = userinfo.partition(":")
-    return urlunsplit(parts._replace(netloc=host)), httpx.BasicAuth(unquote(username), unquote(password))
-
-
-class _DeadlineExceeded(Exception):
-    """An attempt had not received its whole response when its `timeout_s` deadline passed."""
-
-
-@dataclass(frozen=True)
-class _Received:
-    """One response as far as it was read."""
-
-    status: int
-    headers: httpx.Headers
-    body: bytes | bytearray
-    complete: bool  # False: the body went past its byte limit and `body` is only its beginning
-    encoding: str
-
-    @property
-    def text(self) -> str:
-        return self.body.decode(self.encoding, errors="replace")
-
-
 @dataclass
 class LLMUsage:
     """What calls cost: answers served from the answer cache; requests sent to the endpoint (retries and
@@ -198,21 +93,6 @@ class LLMUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     answers_without_usage: int = 0
-
-
-def _retry_after_s(headers: httpx.Headers) -> float | None:
-    """Seconds asked for by a Retry-After header (seconds or an HTTP date); None when absent or unreadable."""
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
-    except (TypeError, ValueError):
-        return None
 
 
 class LLMResource(ConfigurableResource):
@@ -247,12 +127,8 @@ class LLMResource(ConfigurableResource):
     cache_url: str = Field(description="SQLAlchemy URL of the answer cache, e.g. sqlite:///<home>/llm_cache.sqlite")
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    _http: httpx.AsyncClient | None = PrivateAttr(None)
-    _loop: asyncio.AbstractEventLoop | None = PrivateAttr(None)
-    _loop_thread: threading.Thread | None = PrivateAttr(None)
-    _loop_pid: int | None = PrivateAttr(None)
+    _transport: ChatTransport | None = PrivateAttr(None)
     _cache: AnswerCache | None = PrivateAttr(None)
-    _slots: threading.BoundedSemaphore | None = PrivateAttr(None)
     _jitter: random.Random = PrivateAttr(default_factory=random.Random)
     _usage: LLMUsage = PrivateAttr(default_factory=LLMUsage)
 
@@ -326,13 +202,8 @@ class LLMResource(ConfigurableResource):
         """Close the HTTP connections, stop the event loop thread and close the cache's engine (they reopen on
         the next call)."""
         with self._lock:
-            if self._loop is not None:
-                if self._http is not None:
-                    asyncio.run_coroutine_threadsafe(self._http.aclose(), self._loop).result()
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._loop_thread.join()
-                self._loop.close()
-                self._http, self._loop, self._loop_thread = None, None, None
+            if self._transport is not None:
+                self._transport.close()
             if self._cache is not None:
                 self._cache.close()
                 self._cache = None
@@ -343,13 +214,14 @@ class LLMResource(ConfigurableResource):
     # ---- internals -----------------------------------------------------------------------------------
 
     def _answer(self, prompt_id: str, messages: Messages, parse: Callable[[str], T]) -> tuple[T, bool]:
-        """(parsed answer, whether it came from the cache)."""
+        """(parsed answer, whether it came from the cache). Every answer is redacted (`_redact`) before it is
+        parsed, cached or sent back in a re-ask; so is a cached one (an earlier version stored answers as sent)."""
         cache = self._answer_cache()
         key = request_key(self.model, messages, self.temperature, self.max_tokens, self.seed)
         cached = cache.get(key)
         if cached is not None:
             try:
-                value = parse(cached)
+                value = parse(self._redact(cached))
                 self._count(cached=1)
                 return value, True
             except ValueError as exc:
@@ -357,7 +229,7 @@ class LLMResource(ConfigurableResource):
                              "asking again")
         conversation, attempt = list(messages), 1
         while True:
-            raw = self._complete(prompt_id, conversation)
+            raw = self._redact(self._complete(prompt_id, conversation))
             try:
                 value = parse(raw)
             except ValueError as exc:
@@ -366,7 +238,7 @@ class LLMResource(ConfigurableResource):
                     raise LLMFormatError(
                         self._redact(f"{prompt_id}: {attempt} answers from {self.model} did not parse; last "
                                      f"problem: {problem}; last raw answer: {self._excerpt(raw)!r}"),
-                        prompt_id, self._redact(raw), problem, attempt) from None
+                        prompt_id, raw, problem, attempt) from None
                 _LOG.warning(f"{prompt_id}: answer {attempt} did not parse ({problem}); asking again")
                 conversation = [*messages, {"role": "assistant", "content": raw},
                                 {"role": "user", "content": FORMAT_CORRECTION.format(problem=problem)}]
@@ -379,35 +251,32 @@ class LLMResource(ConfigurableResource):
         """One answer text, retrying transport faults with exponential backoff (or Retry-After)."""
         url = f"{self.base_url.rstrip('/')}/chat/completions"
         shown_url = display_url(url)
-        url, auth = _split_credentials(url)
+        url, auth = split_credentials(url)
         payload = {"model": self.model, "messages": messages, "temperature": self.temperature,
                    "max_tokens": self.max_tokens}
         if self.seed is not None:
             payload["seed"] = self.seed
-        loop, client, slots = self._client()
+        transport = self._chat_transport()
         attempts = self.max_retries + 1
         for attempt in range(1, attempts + 1):
             retry_after, status = None, None
-            with slots:
-                self._count(sent=1)
-                try:
-                    received = asyncio.run_coroutine_threadsafe(self._receive(client, url, auth, payload),
-                                                                loop).result()
-                except httpx.TransportError as exc:
-                    problem = f"{type(exc).__name__}: {exc}"
-                except _DeadlineExceeded:
-                    problem = (f"no complete response within timeout_s = {self.timeout_s:g} s (the deadline for "
-                               "the whole attempt, headers and body included)")
-                else:
-                    status = received.status
-                    if status == 200:
-                        return self._content(prompt_id, shown_url, received, attempt)
-                    problem = f"HTTP {status}: {self._excerpt(received.text)}"
-                    if status not in RETRYABLE_STATUS:
-                        raise LLMRequestError(
-                            self._redact(f"{prompt_id}: {shown_url} refused the request ({problem})"),
-                            prompt_id, attempt, status)
-                    retry_after = _retry_after_s(received.headers)
+            try:
+                received = transport.post(url, auth, payload, sending=lambda: self._count(sent=1))
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            except DeadlineExceeded:
+                problem = (f"no complete response within timeout_s = {self.timeout_s:g} s (the deadline for "
+                           "the whole attempt, headers and body included)")
+            else:
+                status = received.status
+                if status == 200:
+                    return self._content(prompt_id, shown_url, received, attempt)
+                problem = f"HTTP {status}: {self._excerpt(received.text)}"
+                if status not in RETRYABLE_STATUS:
+                    raise LLMRequestError(
+                        self._redact(f"{prompt_id}: {shown_url} refused the request ({problem})"),
+                        prompt_id, attempt, status)
+                retry_after = retry_after_s(received.headers)
             if attempt == attempts:
                 break
             wait = self._backoff_s(attempt, retry_after)
@@ -417,42 +286,13 @@ class LLMResource(ConfigurableResource):
         raise LLMRequestError(self._redact(f"{prompt_id}: {shown_url} failed {attempts} times; last: {problem}"),
                               prompt_id, attempts, status)
 
-    async def _receive(self, client: httpx.AsyncClient, url: str, auth: httpx.BasicAuth | None,
-                       payload: dict) -> _Received:
-        """POST `payload` and read the response, all within `timeout_s` (else _DeadlineExceeded): connecting,
-        the status line and headers and the body, however slowly each byte arrives."""
-        try:
-            return await asyncio.wait_for(self._stream(client, url, auth, payload), self.timeout_s)
-        except TimeoutError:
-            raise _DeadlineExceeded from None
-
-    async def _stream(self, client: httpx.AsyncClient, url: str, auth: httpx.BasicAuth | None,
-                      payload: dict) -> _Received:
-        """The response to `payload`, streamed: a 200 body is read up to `max_response_bytes`, any other
-        status's up to ERROR_BODY_BYTES; past its limit reading stops and the connection is dropped, with
-        `complete` False."""
-        async with client.stream("POST", url, json=payload, auth=auth) as response:
-            status = response.status_code
-            limit = self.max_response_bytes if status == 200 else min(ERROR_BODY_BYTES, self.max_response_bytes)
-            declared = response.headers.get("content-length", "")
-            body = bytearray()
-            complete = not (status == 200 and declared.isdigit() and int(declared) > limit)  # else: not read
-            if complete:
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        del body[limit:]
-                        complete = False
-                        break
-            return _Received(status, response.headers, body, complete, response.encoding or "utf-8")
-
     def _backoff_s(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
             return min(retry_after, self.backoff_max_s)
         exponential = min(self.backoff_base_s * 2 ** (attempt - 1), self.backoff_max_s)
         return exponential * (1.0 - self.backoff_jitter * self._jitter.random())
 
-    def _content(self, prompt_id: str, shown_url: str, received: _Received, attempt: int) -> str:
+    def _content(self, prompt_id: str, shown_url: str, received: Received, attempt: int) -> str:
         if not received.complete:
             raise LLMRequestError(
                 self._redact(f"{prompt_id}: {shown_url} answered HTTP 200 with a body larger than "
@@ -496,28 +336,13 @@ class LLMResource(ConfigurableResource):
         text = self._redact(text)
         return text if len(text) <= ERROR_BODY_CHARS else f"{text[:ERROR_BODY_CHARS]}..."
 
-    def _client(self) -> tuple[asyncio.AbstractEventLoop, httpx.AsyncClient, threading.BoundedSemaphore]:
-        """The event loop thread the requests run on (started on first use), the HTTP client they share and
-        the semaphore of requests in flight."""
+    def _chat_transport(self) -> ChatTransport:
+        """The transport the requests go through (resources/llm_transport.py), made on first use."""
         with self._lock:
-            if self._loop is not None and self._loop_pid != os.getpid():  # a forked child has no loop thread
-                self._http, self._loop, self._loop_thread = None, None, None
-            if self._loop is None:
-                self._loop, self._loop_pid = asyncio.new_event_loop(), os.getpid()
-                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="covlab-llm-http",
-                                                     daemon=True)
-                self._loop_thread.start()
-            if self._http is None:
-                key = self._api_key()
-                # Uncompressed bodies: then no small compressed chunk can inflate far past max_response_bytes.
-                headers = {"Accept-Encoding": "identity"}
-                if key:
-                    headers["Authorization"] = f"Bearer {key}"
-                self._http = httpx.AsyncClient(timeout=self.timeout_s, headers=headers,
-                                               limits=httpx.Limits(max_connections=self.concurrency))
-            if self._slots is None:
-                self._slots = threading.BoundedSemaphore(self.concurrency)
-            return self._loop, self._http, self._slots
+            if self._transport is None:
+                self._transport = ChatTransport(self.timeout_s, self.max_response_bytes, self.concurrency,
+                                                self._api_key())
+            return self._transport
 
     def _answer_cache(self) -> AnswerCache:
         with self._lock:

@@ -22,6 +22,8 @@ from covlab.models.versions import content_version
 from covlab.models.pools import rank_within_queries
 from covlab.models.schemas import POOLS, document_text
 
+# Most indexing and search threads: each is a JVM thread with its own searcher state.
+MAX_THREADS = 256
 _JVM_LOCK = threading.Lock()
 _JVM_READY = False
 _JUL_LOGGERS = []  # java.util.logging keeps loggers weakly: held here so that their level stays set
@@ -83,9 +85,9 @@ def _bm25_similarity(k1: float, b: float):
 class LuceneResource(ConfigurableResource):
     """BM25 over a pyserini Lucene index; the JVM is started lazily, once per process."""
 
-    k1: float = Field(0.9, description="BM25 k1 (Anserini default)")
-    b: float = Field(0.4, description="BM25 b (Anserini default)")
-    threads: int = Field(2, description="indexing and search threads")
+    k1: float = Field(0.9, ge=0.0, description="BM25 k1 (Anserini default), >= 0")
+    b: float = Field(0.4, ge=0.0, le=1.0, description="BM25 b (Anserini default), in [0, 1]")
+    threads: int = Field(2, ge=1, le=MAX_THREADS, description=f"indexing and search threads (1 to {MAX_THREADS})")
     log_dir: str | None = Field(None, description="folder for Lucene's own log (default: beside the index)")
     max_heap_mb: int = Field(1024, ge=64, description="JVM heap cap (-Xmx, MiB); the JVM shares the process "
                                                       "with torch in an in-process run. Set before the first "

@@ -5,7 +5,9 @@ registry through `ModelStore`, and a trained asset's value is a `TrainedModel` a
 
 Every call goes through an MlflowClient with explicit tracking and registry URIs; no mlflow global is read or
 changed. MLflow creates and migrates a SQLite store on first use without a lock between processes, so that
-first use holds a file lock beside each SQLite database.
+first use holds a file lock beside each SQLite database. Under that lock a SQLite store opened at another path
+than before (a copied or moved home) first has its absolute artifact locations follow it
+(resources/store_location.py), so that a copy never writes into, nor reads from, its original.
 """
 
 from __future__ import annotations
@@ -17,15 +19,26 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from covlab.models.versions import directory_hash
+from covlab.models.replay import RecordedDecisions
+from covlab.models.selectors import BUDGET_UNITS
+from covlab.models.versions import directory_hash, file_hashes, files_hash
 from covlab.resources.sqlite import ensure_sqlite_folder, sqlite_file
+from covlab.resources.store_location import follow_moved_store
+from covlab.resources.tracking_server import (call_redacted, check_reachable, opening, redacting,
+                                            uri_secrets)
 
-# Tag of every registered version: the weights' directory_hash, which `download` verifies.
+# Tag of every registered version: the weights' directory_hash, which `download` verifies, and which a trained
+# asset's value, the lineage audit and `covlab reproduce` record.
 CONTENT_HASH_TAG = "covlab.content_hash"
-# Version tags model_promotions writes (assets/promotions.py) and the serving path reads: the figure that decided
-# the version's promotion ({report, results_store_report_id, dataset, method, metric, split, value}), and, on the
-# coverage estimator, per selection method on its matrix the decision each budget took
-# ({"k=10": {"blend_weight": w, "fell_back": false}, ...}).
+# Tag of a version registered since covlab hashes every file of it: the directory_hash of the version's files as
+# logged, the weights and MLflow's metadata beside them (MLMODEL_FILE, which names the code that
+# `mlflow.pyfunc.load_model` imports, and the input example), all but the note MLflow adds later (LOAD_NOTE);
+# `download` verifies it before keeping anything.
+VERSION_HASH_TAG = "covlab.version_hash"
+# Version tags the serving path reads: the figure that decided the version's promotion (model_promotions writes
+# it: {report, results_store_report_id, dataset, method, metric, split, value}), and, on a version whose output
+# the selections read (TrainedSelector.records_decisions), per selection method and budget unit what each budget
+# decided (the selection assets write them: `decisions_tag`, models/replay.py's record).
 PROMOTED_BY_TAG = "covlab.promoted_by"
 SELECTION_TAG_PREFIX = "covlab.selection."
 # A registered version serves as an MLflow pyfunc through this loader module (serving/pyfunc.py); a request's
@@ -44,9 +57,13 @@ CANDIDATE_ALIAS = "candidate"
 WEIGHTS_HASH, WEIGHTS_METADATA = "content_hash", "weights"
 # What `TrainingRun.register` writes beside the weights (MLflow's model metadata and input example).
 MLMODEL_FILE, INPUT_EXAMPLE_FILE = "MLmodel", "input_example.json"
-# What MLflow itself writes beside a version's files: the two above, and the registered-model note its pyfunc
-# loader leaves in a local artifact folder (`mlflow.pyfunc.load_model("models:/...")`). None of it is weights.
-MLFLOW_FILES = (MLMODEL_FILE, INPUT_EXAMPLE_FILE, "registered_model_meta")
+# The registered-model note (name and version) MLflow's pyfunc loader writes into the folder it loads
+# (`mlflow.pyfunc.load_model("models:/...")`): of a local artifact store, the version's own folder. Data that
+# MLflow reads, never code; not part of the version's hash, which it would change after registration.
+LOAD_NOTE = "registered_model_meta"
+# What MLflow itself writes beside a version's weights: MLMODEL_FILE, INPUT_EXAMPLE_FILE and LOAD_NOTE. None of it
+# is weights.
+MLFLOW_FILES = (MLMODEL_FILE, INPUT_EXAMPLE_FILE, LOAD_NOTE)
 
 
 class WeightsChanged(RuntimeError):
@@ -62,6 +79,20 @@ def weights_change(path: str | Path, content_hash: str) -> str | None:
     if found == content_hash:
         return None
     return f"the weights at {path} have content hash {found}, not the {content_hash} recorded at registration"
+
+
+def decisions_tag(method: str, unit: str) -> str:
+    """The version tag of what `method`'s selections at budgets of `unit` ("k", "tokens") decided on this
+    version's output; one tag per unit, so that the k and the token selections record theirs independently."""
+    return f"{SELECTION_TAG_PREFIX}{method}.{unit}"
+
+
+def recorded_decisions(ref: ModelVersionRef, method: str) -> RecordedDecisions:
+    """What `method`'s selections decided on `ref`'s output, k and token budgets together (empty: none)."""
+    found = RecordedDecisions({})
+    for unit in BUDGET_UNITS:
+        found = found.merged(RecordedDecisions.from_json(ref.tags.get(decisions_tag(method, unit))).of_unit(unit))
+    return found
 
 
 @dataclass(frozen=True)
@@ -154,14 +185,20 @@ class ModelStore:
             from mlflow import MlflowClient
 
             uris = (self.tracking_uri, self.registry_uri)
+            secrets = uri_secrets(*uris)  # every error of the client is redacted (resources/tracking_server.py)
             for uri in uris:
                 ensure_sqlite_folder(uri)
+                check_reachable(uri)  # a server that does not answer fails in seconds, not after MLflow's retries
             with ExitStack() as locks:
                 for database in sorted({sqlite_file(uri) for uri in uris} - {None}):
                     locks.enter_context(FileLock(f"{database}.lock", timeout=self.lock_timeout_s))
-                client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
-                client.search_experiments(max_results=1)  # opens (creates, migrates) the tracking store
-                client.search_registered_models(max_results=1)  # and the registry store
+                client = redacting(opening(self.tracking_uri, secrets, MlflowClient, tracking_uri=self.tracking_uri,
+                                           registry_uri=self.registry_uri), secrets)
+                # opens (creates, migrates) the tracking store, and the registry store
+                opening(self.tracking_uri, secrets, client.search_experiments, max_results=1)
+                opening(self.registry_uri, secrets, client.search_registered_models, max_results=1)
+                for database in sorted({sqlite_file(uri) for uri in uris} - {None}):
+                    follow_moved_store(database)  # a copied or moved home: its locations follow it
             self._mlflow_client = client
         return self._mlflow_client
 
@@ -213,11 +250,24 @@ class ModelStore:
     def download(self, ref: ModelVersionRef, dst: Path | None = None, content_hash: str | None = None,
                  artifact_path: str = "weights") -> Path:
         """The version's weights directory, files byte-identical to those logged, at `dst` (absent or empty)
-        or in a new temporary folder. Downloaded beside the target, verified against `content_hash` (default:
-        the version's CONTENT_HASH_TAG, when it has one) and only then renamed into place: weights that differ
-        raise WeightsChanged naming both hashes and are not kept."""
+        or in a new temporary folder. Downloaded beside the target, verified as a whole against the version's
+        VERSION_HASH_TAG (when it has one: MLflow's metadata included), its weights against `content_hash`
+        (default: the version's CONTENT_HASH_TAG, when it has one), and only then renamed into place: files that
+        differ raise WeightsChanged naming both hashes and are not kept."""
         return self._verified_download(ref, ref.source, "weights", dst, artifact_path,
-                                       content_hash or ref.tags.get(CONTENT_HASH_TAG))
+                                       content_hash or ref.tags.get(CONTENT_HASH_TAG), ref.tags.get(VERSION_HASH_TAG))
+
+    def changed_files(self, ref: ModelVersionRef, local: str | Path) -> list[str]:
+        """The files of `local`, a copy of the version's weights, that are not the registered ones, one line each
+        ("<path> (changed)", "(added)", "(missing)"), by their hashes against a fresh verified `download` into a
+        temporary folder; empty: the same files."""
+        with tempfile.TemporaryDirectory(prefix=f"covlab-{ref.name}-v{ref.version}-") as folder:
+            registered = file_hashes(self.download(ref, Path(folder) / "weights"))
+        found = file_hashes(local)
+        return ([f"{path} (changed)" for path in sorted(found.keys() & registered.keys())
+                 if found[path] != registered[path]]
+                + [f"{path} (added)" for path in sorted(found.keys() - registered.keys())]
+                + [f"{path} (missing)" for path in sorted(registered.keys() - found.keys())])
 
     def attach(self, ref: ModelVersionRef, folder: str | Path, artifact_path: str) -> str:
         """Log `folder` as run artifact `artifact_path` of the version's run, beside its weights (which keep their
@@ -241,7 +291,7 @@ class ModelStore:
                                        digest)
 
     def _verified_download(self, ref: ModelVersionRef, source: str, what: str, dst: Path | None, name: str,
-                           expected: str | None) -> Path:
+                           expected: str | None, version_hash: str | None = None) -> Path:
         import mlflow.artifacts
 
         if dst is None:
@@ -252,11 +302,18 @@ class ModelStore:
                                   f"of {ref.uri}")
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".download-") as work:
-            local = mlflow.artifacts.download_artifacts(artifact_uri=source, dst_path=work,
-                                                        tracking_uri=self.tracking_uri,
-                                                        registry_uri=self.registry_uri)
+            local = call_redacted(uri_secrets(self.tracking_uri, self.registry_uri),
+                                  mlflow.artifacts.download_artifacts, artifact_uri=source, dst_path=work,
+                                  tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
             if target.exists():
                 target.rmdir()
+            if version_hash is not None:
+                found = files_hash({path: digest for path, digest in file_hashes(local).items() if path != LOAD_NOTE})
+                if found != version_hash:
+                    raise WeightsChanged(f"{ref.uri}: the files downloaded from {source} ({what} and MLflow's "
+                                         f"{MLMODEL_FILE} with them) have content hash {found}, not the "
+                                         f"{version_hash} recorded at registration; the MLflow artifacts were "
+                                         "changed after registration, so they were not kept")
             for added in MLFLOW_FILES:  # MLflow's metadata, not the weights
                 Path(local, added).unlink(missing_ok=True)
             if expected is not None and directory_hash(local) != expected:

@@ -18,7 +18,7 @@ import base64
 import os
 import re
 from collections.abc import Iterable, Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 # Secrets shorter than this are matched case-sensitively and without their base64 and hex images: matching
 # a 4-character password case-insensitively would blank unrelated words.
@@ -28,6 +28,8 @@ MIN_IMAGE_LENGTH = 8
 # Environment variables whose values are secrets: COVLAB_LLM_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY (not
 # TOKENIZERS_PARALLELISM).
 SECRET_ENV_PATTERN = r"(?i)(^|_)(api_?key|key|token|secret|password|passwd|credentials?)(_|$)"
+# URI query parameters whose values are secrets: ?token=, ?api_key=, ?password=, ?sig= (a signed URL).
+SECRET_QUERY_PATTERN = r"(?i)(^|[_-])(api_?key|key|token|secret|password|passwd|pwd|credentials?|sig|signature)$"
 
 
 def _hex(number: int, digits: int = 2) -> str:
@@ -98,6 +100,28 @@ def url_secrets(url: str) -> list[str]:
     userinfo = urlsplit(url).netloc.rpartition("@")[0]
     password = userinfo.partition(":")[2]
     return [secret for secret in (userinfo, password, unquote(password)) if secret]
+
+
+def redacted_uri(uri: str | None) -> str | None:
+    """`uri` as it may be shown (logs, errors, metadata, an HTTP answer such as serving's /v1/methods): its
+    credentials (user:password@, or a lone token@) as ***@, and the value of any query parameter whose name looks
+    like a secret's (?token=..., ?password=...) as ***. None stays None; text that is not a URI is returned as
+    it is, with the credentials of anything shaped like scheme://userinfo@ in it still replaced."""
+    if uri is None:
+        return None
+    try:
+        parts = shown = urlsplit(uri)
+    except ValueError:  # not a URI (an unbalanced "[" in its host): the credentials pattern below still applies
+        parts = shown = None
+    if parts is not None and parts.scheme and "@" in parts.netloc:
+        shown = shown._replace(netloc=f"***@{parts.netloc.rpartition('@')[2]}")
+    if parts is not None and parts.query:
+        fields = [field.partition("=") for field in parts.query.split("&")]
+        shown = shown._replace(query="&".join(
+            f"{name}={'***' if re.search(SECRET_QUERY_PATTERN, name) else value}" if equals else name
+            for name, equals, value in fields))
+    text = uri if shown == parts else urlunsplit(shown)  # unchanged: as given (urlunsplit drops sqlite:////'s slashes)
+    return re.sub(r"(?<=://)[^/?#\s@]+@", "***@", text)  # also a URI inside a longer text
 
 
 def environment_secrets(environ: Mapping[str, str] | None = None, pattern: str = SECRET_ENV_PATTERN,

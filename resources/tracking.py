@@ -28,18 +28,18 @@ import re
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
-from covlab.models.versions import directory_hash
+from covlab.models.versions import file_hashes, files_hash
 from covlab.resources.model_store import (CANDIDATE_ALIAS, CONTENT_HASH_TAG, INPUT_EXAMPLE_FILE, MLFLOW_FILES,
-                                         MLMODEL_FILE, SERVING_LOADER, ModelStore, ModelVersionRef,
-                                         serving_signature, version_ref)
-from covlab.resources.secrets import SECRET_ENV_PATTERN, contains_secret, environment_secrets
+                                         MLMODEL_FILE, SERVING_LOADER, VERSION_HASH_TAG, ModelStore,
+                                         ModelVersionRef, serving_signature, version_ref)
+from covlab.resources.secrets import SECRET_ENV_PATTERN, contains_secret, environment_secrets, redacted_uri
 
 # Parameter and tag names that hold secrets: llm.api_key, apiKey, db.password, hf_token, llm.token (not
 # token_budget, max_tokens or tokenizer.pad_token, which this project logs).
@@ -159,10 +159,10 @@ class TrackingResource(ConfigurableResource):
 
     def ui_base_url(self) -> str:
         """Where the MLflow UI of this tracking store is served (`ui_url`'s description says how it is found)."""
-        if self.ui_url:
-            return self.ui_url.rstrip("/")
+        if self.ui_url:  # links go into metadata and logs: never with credentials (user:password@)
+            return redacted_uri(self.ui_url.rstrip("/"))
         if self.tracking_uri.startswith(("http://", "https://")):
-            return self.tracking_uri.rstrip("/")
+            return redacted_uri(self.tracking_uri.rstrip("/"))
         return f"http://127.0.0.1:{os.environ.get(MLFLOW_PORT_ENV) or DEFAULT_MLFLOW_PORT}"
 
     def version_url(self, ref: ModelVersionRef) -> str:
@@ -220,8 +220,8 @@ class TrackingResource(ConfigurableResource):
                     raise
                 experiment = client.get_experiment_by_name(self.experiment)
         if experiment.lifecycle_stage != "active":
-            raise RuntimeError(f"MLflow experiment {self.experiment!r} at {self.tracking_uri} is deleted; "
-                               "restore it (mlflow experiments restore) or configure another experiment")
+            raise RuntimeError(f"MLflow experiment {self.experiment!r} at {redacted_uri(self.tracking_uri)} is "
+                               "deleted; restore it (mlflow experiments restore) or configure another experiment")
         return experiment.experiment_id
 
     def _ensure_registered_model(self, name: str) -> None:
@@ -272,7 +272,8 @@ class TrainingRun:
         input example); else a signature reading the columns of `example` (a small DataFrame of real inputs,
         also saved as the input example) and returning one number named `output`. End the run FINISHED;
         register the weights as a new version of the model with the run's tags and a description (what trained
-        it, its final figures) and point the candidate alias at it."""
+        it, its final figures), tagged with the weights' content hash and that of every file logged (the MLmodel
+        too), and point the candidate alias at it."""
         from mlflow.entities import Metric
         from mlflow.utils.validation import MAX_METRICS_PER_BATCH
 
@@ -284,18 +285,22 @@ class TrainingRun:
         metric_list = [Metric(key, value, now, 0) for key, value in figures.items()]
         for start in range(0, len(metric_list), MAX_METRICS_PER_BATCH):
             client.log_batch(self.run_id, metrics=metric_list[start:start + MAX_METRICS_PER_BATCH])
+        weights = file_hashes(weights_dir)
+        content_hash = files_hash(weights)  # the weights' directory_hash
         client.log_artifacts(self.run_id, str(weights_dir), tracking.weights_artifact_path)
-        if example is not None or serving is not None:
-            with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as folder:
+            if example is not None or serving is not None:
                 _write_model_metadata(Path(folder), self.run_id, tracking.weights_artifact_path, example, output,
-                                      serving)
+                                      serving, content_hash)
                 client.log_artifacts(self.run_id, folder, tracking.weights_artifact_path)
+            version_hash = files_hash({**weights, **file_hashes(folder)})
         self.end("FINISHED")
         tracking._ensure_registered_model(self.name)
         version = client.create_model_version(self.name, f"{self.artifact_uri}/{tracking.weights_artifact_path}",
                                               run_id=self.run_id, tags=self.tags,
                                               description=version_description(self.tags, figures))
-        client.set_model_version_tag(self.name, str(version.version), CONTENT_HASH_TAG, directory_hash(weights_dir))
+        client.set_model_version_tag(self.name, str(version.version), CONTENT_HASH_TAG, content_hash)
+        client.set_model_version_tag(self.name, str(version.version), VERSION_HASH_TAG, version_hash)
         client.set_registered_model_alias(self.name, tracking.candidate_alias, str(version.version))
         return version_ref(version, (tracking.candidate_alias,))
 
@@ -325,19 +330,19 @@ class TrainingRun:
 
 @dataclass(frozen=True)
 class Serving:
-    """How a registered version serves as an MLflow pyfunc (serving/pyfunc.py): the registry method it runs, a
-    real request as the input example ({query, candidates, budget_tokens | k}) and the figures its gate reads
-    (the estimator's dev ROC-AUC)."""
+    """How a registered version serves as an MLflow pyfunc (serving/pyfunc.py): the registry method it runs and a
+    real request as the input example ({query, candidates, budget_tokens | k})."""
     method: str
     example: Mapping[str, Any]
-    figures: Mapping[str, float] = field(default_factory=dict)
 
 
 def _write_model_metadata(folder: Path, run_id: str, artifact_path: str, example, output: str,
-                          serving: Serving | None = None) -> None:
+                          serving: Serving | None = None, content_hash: str | None = None) -> None:
     """MLmodel and its input example in MLflow's pandas "split" layout, as `mlflow.models.Model
     .load_input_example` reads it: a pyfunc flavor with the serving signature (`serving`), else a signature
-    of the example's columns in and one double `output` out."""
+    of the example's columns in and one double `output` out. The pyfunc's model config holds every key a
+    caller's `model_config` may set (MLflow drops any other: `covlab.serving.pyfunc_model_config`'s decisions
+    and other models' folders) and the weights' `content_hash`, which the pyfunc verifies its files against."""
     import pandas as pd
     from mlflow.models import Model, ModelSignature, infer_signature
     from mlflow.pyfunc import add_to_model
@@ -348,7 +353,8 @@ def _write_model_metadata(folder: Path, run_id: str, artifact_path: str, example
         example = pd.DataFrame([dict(serving.example)])
         model.signature = serving_signature()
         add_to_model(model, loader_module=SERVING_LOADER, data=".",
-                     model_config={"method": serving.method, "figures": dict(serving.figures)})
+                     model_config={"method": serving.method, "content_hash": content_hash, "decisions": None,
+                                   "models": {}})
     else:
         example = pd.DataFrame(example).reset_index(drop=True)
         model.signature = ModelSignature(inputs=infer_signature(example).inputs,

@@ -8,7 +8,7 @@ the same objects over HTTP (serving/http.py)."""
 from covlab.models.selectors import Budget
 from covlab.serving.retriever import CorpusRetriever, Retrieval, load_retriever
 from covlab.serving.selector import (SERVABLE, Candidate, ContextSelector, ServedSelection, ServingError,
-                                     load_selector, vectors_base64)
+                                     load_selector, pyfunc_model_config, vectors_base64)
 
 __all__ = ["SERVABLE", "Budget", "Candidate", "ContextSelector", "CorpusRetriever", "Retrieval", "ServedSelection",
-           "ServingError", "load_retriever", "load_selector", "vectors_base64"]
+           "ServingError", "load_retriever", "load_selector", "pyfunc_model_config", "vectors_base64"]

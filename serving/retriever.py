@@ -20,18 +20,21 @@ from pydantic import TypeAdapter
 
 from covlab.models.mcompass import (RETRIEVAL_CORPUS, BankRanker, MCompassStudent, RetrievalCorpus, load_students,
                                     student_info)
-from covlab.models.registry import TRAINED_SELECTORS, Family, Report, methods
+from covlab.models.registry import Family, Report, method, methods, trained_selector
 from covlab.models.retrieval import dense_top_k, within_token_budget
 from covlab.models.selectors import Budget
 from covlab.resources.model_store import ATTACHED_TAG_PREFIX, CANDIDATE_ALIAS, ModelStore
 from covlab.serving.selector import Encoder, ModelProvenance, ServingError, model_store, registered_version
 
-STUDENT_MODEL = "mcompass_student"
+# The retrieval method served by default (the MCompassRAG student), and the trained selector its version is of.
+DEFAULT_RETRIEVER = next(m.name for m in methods(Report.RETRIEVAL) if m.family is Family.MCOMPASS)
+STUDENT_MODEL = method(DEFAULT_RETRIEVER).trained
 # The whole-corpus retrieval methods a registered student's version holds everything for: the student and its
-# two ablations (trained beside it on the train split) and dense cosine over the bank's chunk embeddings. BM25
-# ranks with the pipeline's Lucene index of the chunks, which no version carries.
-RETRIEVERS = tuple(m.name for m in methods(Report.RETRIEVAL) if m.family is Family.MCOMPASS or m.name == "dense")
-DEFAULT_RETRIEVER = "mcompass"
+# two ablations (trained beside it on the train split) and dense cosine over the bank's chunk embeddings (the
+# retrieval method that reads no model of its own and no index). BM25 ranks with the pipeline's Lucene index of
+# the chunks, which no version carries.
+DENSE = next(m.name for m in methods(Report.RETRIEVAL) if m.build is None and m.trained is None)
+RETRIEVERS = tuple(m.name for m in methods(Report.RETRIEVAL) if m.trained == STUDENT_MODEL or m.name == DENSE)
 # How an answer's list ended: its k chunks, the first chunk over the token budget, the whole corpus, the
 # caller's cap on the chunks one answer holds.
 ENDED_BY = ("k", "tokens", "corpus", "max_chunks")
@@ -88,7 +91,7 @@ class CorpusRetriever:
         self.dataset, self.corpus, self.encoder = dataset, corpus, encoder
         self.rankers = {method: BankRanker.of(model, corpus.bank, torch.device(device))
                         for method, model in students.items()}
-        self.methods = tuple(m for m in RETRIEVERS if m in self.rankers or m == "dense")
+        self.methods = tuple(m for m in RETRIEVERS if m in self.rankers or m == DENSE)
         self.provenance = tuple(provenance)
         self.bank_content_hash = corpus.bank.content_hash()
         self._tokens = corpus.chunks["tokens"].to_numpy(np.int64)
@@ -108,7 +111,7 @@ class CorpusRetriever:
         caps = {"k": budget.k or n + 1, "corpus": n, "max_chunks": max_chunks or n + 1}  # ties: the first named
         depth = min(caps.values())
         vector = self.encoder([query])
-        index, scores = (dense_top_k(vector, self.corpus.bank.embeddings, depth) if method == "dense"
+        index, scores = (dense_top_k(vector, self.corpus.bank.embeddings, depth) if method == DENSE
                          else self.rankers[method].top_k(vector, depth))
         index, scores = index[0], scores[0]
         kept = within_token_budget(self._tokens[index], budget.tokens) if budget.tokens is not None else depth
@@ -145,7 +148,7 @@ def registered_alias(selector: str, alias: str) -> str:
     """The alias `selector`'s version is loaded by: `alias`, except that the `champion` of a trained selector the
     registry never promotes (models/registry.py TRAINED_SELECTORS without a PromotionRule: the MCompassRAG
     student) is its newest registered version, the one holding CANDIDATE_ALIAS."""
-    trained = next(s for s in TRAINED_SELECTORS if s.asset == selector)
+    trained = trained_selector(selector)
     return CANDIDATE_ALIAS if alias == "champion" and trained.promotion is None else alias
 
 
@@ -163,7 +166,7 @@ def load_retriever(dataset: str, alias: str = "champion", tracking_uri: str | No
     `<COVLAB_HOME>/serving`) and verified against the hashes the version carries; the query encoder is the
     bank's, checked to reproduce the bank's embeddings of its first chunks."""
     from covlab.models.encoders import default_base_model
-    from covlab.orchestration.settings import covlab_home
+    from covlab.resources.home import covlab_home
 
     if not isinstance(dataset, str) or not dataset:
         raise ServingError("dataset: expected the name of a dataset with a registered mcompass_student")

@@ -74,7 +74,7 @@ def covlab_home(tmp_path, monkeypatch) -> Path:
 def instance(covlab_home):
     from dagster import DagsterInstance
 
-    from covlab.orchestration.settings import dagster_home
+    from covlab.orchestration.instance import dagster_home
 
     dagster_home()
     with DagsterInstance.get() as inst:

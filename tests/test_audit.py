@@ -19,10 +19,13 @@ from covlab.assets.outputs import content_output
 from covlab.models.versions import directory_hash
 from covlab.orchestration.cli import main
 from covlab.orchestration.definitions import default_resources
-from covlab.orchestration.settings import dagster_home
-from covlab.resources.lineage import (COST, REPORT_ID, TRAINING, LineageNode, StepClock, TrainingSummary,
-                                      audit_materialization, branch_nodes, lineage_cost, record_report_lineage,
-                                      render_branch, report_branch, unique_nodes)
+from covlab.orchestration.instance import dagster_home
+from covlab.resources.lineage import (DETAILS, LineageNode, audit_materialization, branch_nodes, report_branch,
+                                      unique_nodes)
+from covlab.resources.lineage_cost import StepClock, lineage_cost
+from covlab.resources.lineage_text import render_branch
+from covlab.resources.materializations import TRAINING, TrainingSummary
+from covlab.resources.report_lineage import COST, REPORT_ID, record_report_lineage
 from covlab.resources.io_manager import LocalTableIOManager
 from covlab.resources.results_store import ReportRecord, ResultsStore
 from covlab.resources.model_store import WEIGHTS_HASH, WEIGHTS_METADATA
@@ -85,7 +88,34 @@ def toy_report(context, results: ResultsStore, selection_first: pd.DataFrame,
     return Output(figures, metadata={REPORT_ID: MetadataValue.int(stored)})
 
 
-TOY = [tables, pools, selection_first, selection_second, toy_report]
+# A budgeted selection on estimated coverage records its gate and one blend per token budget in its DETAILS entry
+# (models/runs.py MethodRun.details); a second report puts second_method's figures at two token budgets next to
+# toy_report's k = 10 one.
+BUDGETED_DETAILS = {"queries": 3, "fell_back": False, "estimator_gate": "dev ROC-AUC 0.9000 >= 0.6500", "blend": {
+    str(budget): {"weight": weight, "split": "dev", "metric": "alpha_ndcg@10", "queries": 8, "fallback_score": 0.6,
+                  "chosen_score": chosen, "scores": {"0.0": 0.6, str(weight): chosen}}
+    for budget, weight, chosen in ((256, 0.25, 0.66), (512, 1.0, 0.71))}}
+AT_256, AT_512 = 0.701234, 0.723456  # toy_budget_report's figures of second_method
+
+
+@asset(partitions_def=DATASETS)
+def budgeted_second(pools: pd.DataFrame) -> Output[pd.DataFrame]:
+    return Output(pools.tail(1), metadata={DETAILS: MetadataValue.json(BUDGETED_DETAILS)})
+
+
+@asset(partitions_def=DATASETS)
+def toy_budget_report(context, results: ResultsStore, budgeted_second: pd.DataFrame) -> Output[pd.DataFrame]:
+    figures = pd.DataFrame({"dataset": context.partition_key, "method": "second_method", "budget": [256, 512],
+                            "k": None, "split": "test", "metric": "toy_metric@10", "query_id": None,
+                            "value": [AT_256, AT_512]})
+    stored = results.write_report(ReportRecord(dataset=context.partition_key, report_asset="toy_budget_report",
+                                               partition=context.partition_key, run_id=context.run_id,
+                                               code_version="1", data_version=None, config={}), figures)
+    record_report_lineage(context, {"second_method": [AssetKey("budgeted_second")]})
+    return Output(figures, metadata={REPORT_ID: MetadataValue.int(stored)})
+
+
+TOY = [tables, pools, selection_first, selection_second, toy_report, budgeted_second, toy_budget_report]
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +165,31 @@ def test_a_mean_is_printed_with_its_n_and_ci_and_a_selection_with_its_decisions(
     assert "the mean over" not in first and "selected by" not in first
 
 
+def test_a_question_matching_several_budgets_lists_them_and_asks_for_one(built, capsys):
+    question = ["audit", "--dataset", "demo", "--method", "second_method", "--metric", "toy_metric@10",
+                "--split", "test"]
+    assert main(question) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "covlab: audit: second_method toy_metric@10 of demo on test is reported at several budgets: k=10 (toy_report), "
+        "tokens=256 (toy_budget_report), tokens=512 (toy_budget_report); name one with --budget, e.g. --budget k=10\n")
+    at_k = _audit(capsys, *question[1:], "--budget", "k=10")
+    assert at_k.startswith(f"{SECOND:.6f}  dataset=demo, method=second_method, split=test, metric=toy_metric@10, k=10")
+    assert "blend weight 0.5 with relevance order" in at_k
+    at_512 = _audit(capsys, *question[1:], "--budget", "tokens=512")
+    assert at_512.startswith(f"{AT_512:.6f}  dataset=demo, method=second_method, split=test, metric=toy_metric@10, "
+                             "budget=512")
+    assert "toy_budget_report [demo]" in at_512 and "toy_report" not in at_512
+
+
+def test_a_token_budget_figure_says_what_selected_it_at_its_budget(built, capsys):
+    out = _audit(capsys, "--value", str(AT_256), "--tolerance", "1e-9")
+    assert f"{AT_256:.6f}  dataset=demo, method=second_method, split=test, metric=toy_metric@10, budget=256" in out
+    assert ("  selected by: estimator gate: dev ROC-AUC 0.9000 >= 0.6500; blend weight 0.25 with relevance order, "
+            "chosen on dev (n=8) by alpha_ndcg@10: 0.660 vs 0.600 for the fallback order") in out
+    assert "blend weight 1 with relevance order" in _audit(capsys, "--value", str(AT_512), "--tolerance", "1e-9")
+
+
 def test_full_prints_every_input(built, capsys):
     out = _audit(capsys, "--value", str(SECOND), "--tolerance", "1e-9", "--full")
     assert "selection_first [demo]" in out and "selection_second [demo]" in out
@@ -178,7 +233,7 @@ def test_help_says_when_the_store_is_empty(covlab_home, capsys):
 def test_cost_counts_each_step_once_and_adds_up(built):
     instance = built["instance"]
     report = audit_materialization(instance, AssetKey("toy_report"), "demo", built["run_id"])
-    cost = lineage_cost(instance, unique_nodes([report]), assets=TOY, clock=StepClock(instance))
+    cost = lineage_cost(instance, unique_nodes([report]), clock=StepClock(instance))
     steps = {step.step_key: step for step in cost.steps}
     assert set(steps) == {"tables", "pools", "selection_first", "selection_second", "toy_report"}
     assert sorted(steps["tables"].assets) == ["corpus", "queries"]  # the multi-asset step, once
@@ -191,7 +246,7 @@ def test_cost_counts_each_step_once_and_adds_up(built):
     assert cost.to_dict()["seconds"] == cost.seconds and cost.to_dict()["runs"] == 1
     # The branch of first_method leaves selection_second and its step out.
     branch = report_branch(report, ["first_method"])
-    on_branch = lineage_cost(instance, branch_nodes(branch, [report]), scope="branch", assets=TOY)
+    on_branch = lineage_cost(instance, branch_nodes(branch, [report]), scope="branch")
     assert {step.step_key for step in on_branch.steps} == set(steps) - {"selection_second"}
     assert on_branch.llm["sent"] == 0 and "LLM: no calls" in on_branch.render()
     # The report recorded the cost of its inputs: every step but its own, which was still running.
@@ -208,7 +263,7 @@ def test_config_that_differs_from_the_default_is_shown(instance, covlab_home):
                        run_config={"ops": {"pools": {"config": {"n": 5}}}},
                        resources={"io_manager": LocalTableIOManager(base_dir=str(covlab_home / "storage"))}).success
     node = audit_materialization(instance, AssetKey("pools"), "demo")
-    line = render_branch(node, [node], assets=TOY).splitlines()[0]
+    line = render_branch(node, [node]).splitlines()[0]
     assert line.startswith("pools [demo] ") and " n=5" in line and "mode=" not in line  # mode kept its default
 
 
@@ -238,7 +293,7 @@ def test_a_dependency_without_data_that_was_never_built_audits(instance, covlab_
                        resources={"io_manager": LocalTableIOManager(base_dir=str(covlab_home / "storage"))}).success
     node = audit_materialization(instance, AssetKey("gold_teacher"), "demo")
     assert [(n.asset_key, n.gap) for n in node.inputs] == [("queries", None)]  # nothing of the estimator was read
-    assert render_branch(node, [node], assets=[tables, estimator, gold_teacher]).splitlines()[1].startswith(
+    assert render_branch(node, [node]).splitlines()[1].startswith(
         "└─ queries [demo] ")
 
 

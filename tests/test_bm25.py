@@ -119,3 +119,52 @@ def test_jvm_heap_is_capped_by_config(tmp_path, demo_dataset):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert 200 <= int(done.stdout.strip().splitlines()[-1]) <= 256
+
+
+@pytest.mark.parametrize("n", [0, -5, 10**23])
+def test_a_pool_depth_out_of_range_is_refused_in_config_naming_the_key(n):
+    """bm25_pools' `n` below 1 or past MAX_POOL_DEPTH is a config error naming `n` and the bound, before any
+    Lucene call (the JVM failed deep inside batch_search on these)."""
+    from dagster import DagsterInstance, asset, materialize
+    from pydantic import ValidationError
+
+    from covlab.assets.pools import MAX_POOL_DEPTH, PoolConfig
+    from covlab.orchestration.failures import failure_line
+
+    with pytest.raises(ValidationError) as error:
+        PoolConfig(n=n)
+    [problem] = error.value.errors()
+    assert problem["loc"] == ("n",)
+    assert (f"less than or equal to {MAX_POOL_DEPTH}" if n > 0 else "greater than or equal to 1") in problem["msg"]
+    assert PoolConfig(n=1).n == 1 and PoolConfig(n=MAX_POOL_DEPTH).n == MAX_POOL_DEPTH
+
+    @asset
+    def pool_probe(config: PoolConfig) -> int:  # the config class as Dagster validates a run's config
+        return config.n
+
+    with DagsterInstance.ephemeral() as instance:
+        with pytest.raises(Exception) as raised:
+            materialize([pool_probe], instance=instance, run_config={"ops": {"pool_probe": {"config": {"n": n}}}})
+        [run] = instance.get_runs()
+        line = failure_line(raised.value, instance, run.run_id, {})
+    assert line.startswith("asset pool_probe config: n: Input should be") and f"got {n}" in line
+
+
+@pytest.mark.parametrize("settings,key", [({"threads": -3}, "threads"), ({"threads": 0}, "threads"),
+                                          ({"k1": -0.1}, "k1"), ({"b": 1.5}, "b")])
+def test_invalid_lucene_settings_are_refused_naming_the_key(settings, key):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as error:
+        LuceneResource(**settings)
+    assert [problem["loc"] for problem in error.value.errors()] == [(key,)]
+    assert LuceneResource(threads=1).threads == 1
+
+
+def test_distractors_below_minus_one_are_refused():
+    from pydantic import ValidationError
+
+    from covlab.assets.pools import PoolConfig
+
+    with pytest.raises(ValidationError, match="distractors"):
+        PoolConfig(distractors=-2)

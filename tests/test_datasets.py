@@ -158,13 +158,15 @@ def test_unicode_line_separators_stay_inside_their_record(tmp_path, demo_dataset
 
 def test_tsv_splits_on_newlines_only_and_strips_crlf(tmp_path):
     file = tmp_path / "qrels.tsv"
-    ids = [f"q{i}{c}x" for i, c in enumerate(SEPARATORS)]
-    file.write_bytes("".join(f"{q}\td{i}\t{i}\r\n" for i, q in enumerate(ids)).encode("utf-8"))
-    frame, _ = read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int})
-    assert frame["query_id"].tolist() == ids
-    assert frame["relevance"].tolist() == list(range(len(ids)))
+    texts = [f"q{i}{c}x" for i, c in enumerate(SEPARATORS)]  # in a text field: an id may not hold them
+    file.write_bytes("".join(f"{q}\td{i}\t{i}\r\n" for i, q in enumerate(texts)).encode("utf-8"))
+    frame, _ = read_tsv(file, {"text": str, "doc_id": str, "relevance": int})
+    assert frame["text"].tolist() == texts
+    assert frame["relevance"].tolist() == list(range(len(texts)))
     file.write_bytes(file.read_bytes() + b"q\td\tnot-a-number\n")
-    with pytest.raises(DatasetError, match=f"qrels.tsv:{len(ids) + 1}: field 'relevance'"):
+    with pytest.raises(DatasetError, match=f"qrels.tsv:{len(texts) + 1}: field 'relevance'"):
+        read_tsv(file, {"text": str, "doc_id": str, "relevance": int})
+    with pytest.raises(DatasetError, match="qrels.tsv:1: field 'query_id' holds a line break"):
         read_tsv(file, {"query_id": str, "doc_id": str, "relevance": int})
 
 
@@ -255,3 +257,176 @@ def test_a_damaged_registry_is_a_one_line_error_naming_it(covlab_home, capsys, c
         assert error == (f"covlab: {registry}{message}; expected {{\"<name>\": {{\"format\": ..., \"path\": ...}}}} as "
                          "`covlab dataset add` writes it; restore it from a backup, or move it away and add the "
                          "datasets again\n")
+
+
+# ---- ids are checked where a dataset is added --------------------------------------------------------------
+
+def _tiny_covlab(folder, corpus_ids=("d1", "d2"), query_id="q1", qrels_query="q1"):
+    """A minimal dataset in the covlab layout: documents `corpus_ids`, one query and its qrels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"doc_id": d, "text": f"text of {d}"}) + "\n"
+                                                 for d in corpus_ids))
+    (folder / "queries.jsonl").write_text(json.dumps({"query_id": query_id, "text": "why?", "split": "test"}) + "\n")
+    (folder / "nuggets.jsonl").write_text(json.dumps({"query_id": query_id, "nugget_id": "n1", "text": "n"}) + "\n")
+    (folder / "nugget_links.tsv").write_text(f"{query_id}\t{corpus_ids[0]}\tn1\t1\n")
+    (folder / "qrels.tsv").write_text("".join(f"{qrels_query}\t{d}\t1\n" for d in corpus_ids))
+    return folder
+
+
+BAD_IDS = [("", "is empty"), ("d\t1", "holds a tab"), ("d\n1", "holds a line break"), ("d\x001", "holds a NUL"),
+           ("d\r", "holds a line break"), ("d\x1b[31m", "holds a control character")]
+
+
+@pytest.mark.parametrize("bad,problem", BAD_IDS, ids=["empty", "tab", "newline", "nul", "cr", "escape"])
+def test_an_id_that_is_empty_or_holds_a_control_character_is_refused_at_add_naming_file_and_line(
+        tmp_path, covlab_home, capsys, bad, problem):
+    from covlab.orchestration.cli import main
+
+    folder = _tiny_covlab(tmp_path / "ids", corpus_ids=("d0", bad))
+    with pytest.raises(DatasetError) as error:
+        read_dataset("ids", "covlab", str(folder))
+    assert f"{folder / 'corpus.jsonl'}:2: field 'doc_id' {problem}" in str(error.value)
+    assert "expected an id" in str(error.value)
+    assert main(["dataset", "add", "ids", "--format", "covlab", "--path", str(folder)]) == 2
+    assert "corpus.jsonl:2: field 'doc_id'" in capsys.readouterr().err
+    assert "ids" not in DatasetRegistry(registry_path=str(covlab_home / "datasets.json")).entries()
+
+
+def test_an_empty_id_in_a_tsv_is_refused_naming_file_and_line(tmp_path):
+    folder = _tiny_covlab(tmp_path / "tsv")
+    (folder / "qrels.tsv").write_text("q1\td1\t1\n\td2\t1\n")
+    with pytest.raises(DatasetError, match=r"qrels\.tsv:2: field 'query_id' is empty; expected an id"):
+        read_dataset("tsv", "covlab", str(folder))
+
+
+def test_an_id_built_by_a_reader_is_checked_too(tmp_path):
+    """Perspectrum's ids are made from numbers in its JSON (c<cId>, p<pId>): a claim id holding a tab is caught
+    on the normalised table, naming the table's file and record."""
+    base = tmp_path / "persp"
+    base.mkdir()
+    (base / "perspectrum_with_answers_v1.0.json").write_text(json.dumps(
+        [{"cId": "1\t2", "text": "a claim", "perspectives": [{"pids": [1]}]}]))
+    (base / "perspective_pool_v1.0.json").write_text(json.dumps([{"pId": 1, "text": "a perspective"}]))
+    (base / "dataset_split_v1.0.json").write_text(json.dumps({"1\t2": "test"}))
+    with pytest.raises(DatasetError, match=r"query_id .* holds a tab; expected an id"):
+        read_dataset("persp", "perspectrum", str(base))
+
+
+def test_a_document_id_equal_to_another_documents_chunk_id_is_refused_at_add_naming_both(tmp_path):
+    """Chunk ids are `<doc_id>#<i>`: a document "x#0" beside a document "x" clashes with x's first chunk, which
+    only the chunks step found; now `dataset add` names both records."""
+    folder = _tiny_covlab(tmp_path / "clash", corpus_ids=("x", "y", "x#0"))
+    with pytest.raises(DatasetError) as error:
+        read_dataset("clash", "covlab", str(folder))
+    corpus = folder / "corpus.jsonl"
+    assert f"{corpus}:3: doc_id 'x#0' is also the id of chunk 0 of document 'x' ({corpus}:1)" in str(error.value)
+    _tiny_covlab(tmp_path / "fine", corpus_ids=("x", "y#0", "z#01"))  # no document "y"; "#01" is no chunk id
+    assert read_dataset("fine", "covlab", str(tmp_path / "fine")).corpus["doc_id"].tolist() == ["x", "y#0", "z#01"]
+
+
+# ---- a file that fails to parse is quoted at most in a short, printable, redacted excerpt -------------------
+
+SECRET_LINE = "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def _pieces(secret: str, size: int = 12) -> list[str]:
+    return [secret[i:i + size] for i in range(len(secret) - size + 1)]
+
+
+def test_a_qrels_file_linked_to_a_secret_file_is_refused_without_quoting_it(tmp_path):
+    """BEIR qrels whose first line is not the header: the message says what was expected and quotes nothing
+    of the line (it quoted the whole first line, here a credentials file's)."""
+    secret = tmp_path / "credentials"
+    secret.write_text(f"[default]\n{SECRET_LINE}\n")
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text('{"_id": "d1", "text": "alpha"}\n')
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "alpha?"}\n')
+    (folder / "qrels" / "test.tsv").symlink_to(secret)
+    for first_line in ("[default]", SECRET_LINE):
+        secret.write_text(f"{first_line}\n{SECRET_LINE}\n")
+        with pytest.raises(DatasetError) as error:
+            read_dataset("b", "beir", str(folder))
+        message = str(error.value)
+        assert f"{folder / 'qrels' / 'test.tsv'}:1: not the header" in message
+        assert "query-id" in message  # what was expected
+        assert not [piece for piece in _pieces(f"{first_line}\n{SECRET_LINE}", 6) if piece in message
+                    and piece not in str(folder / "qrels" / "test.tsv")]
+
+
+def test_a_field_quoted_from_a_bad_line_is_short_printable_and_redacted(tmp_path, monkeypatch):
+    """A qrels line whose relevance is not a number: the value is quoted in at most 40 characters, escaped to
+    printable ones, with the value of any secret-named environment variable replaced by ***."""
+    token = "tok-5f2a9c0e1d7b8a6f"
+    monkeypatch.setenv("COVLAB_TEST_TOKEN", token)
+    folder = _tiny_covlab(tmp_path / "q")
+    for relevance, expected in ((f"x{token}", "'x***'"), ("\x1b]0;pwned\x07" + "y" * 100, r"'\x1b]0;pwned\x07yyy")):
+        (folder / "qrels.tsv").write_text(f"q1\td1\t{relevance}\n")
+        with pytest.raises(DatasetError) as error:
+            read_dataset("q", "covlab", str(folder))
+        message = str(error.value)
+        assert f"qrels.tsv:1: field 'relevance' must be an integer, got {expected}" in message, message
+        assert token not in message and "\x1b" not in message and "\x07" not in message
+        quoted = message.split("got ", 1)[1].split(";")[0].split(" (")[0]
+        assert len(quoted) <= 80 and "y" * 41 not in message
+
+
+def test_a_csv_header_without_the_columns_is_refused_without_quoting_it(tmp_path):
+    from covlab.resources.files import read_csv
+
+    secret = tmp_path / "secret.csv"
+    secret.write_text(f"{SECRET_LINE},other\n1,2\n")
+    with pytest.raises(DatasetError) as error:
+        read_csv(secret, {"arg_id": str, "argument": str})
+    assert "missing column(s) ['arg_id', 'argument']" in str(error.value)
+    assert not [piece for piece in _pieces(SECRET_LINE) if piece in str(error.value)]
+
+
+# ---- a huge file is refused without reading it whole ------------------------------------------------------
+
+SPARSE_CHILD = """
+import resource, sys
+from covlab.models.schemas import DatasetError
+from covlab.resources.datasets import read_dataset
+
+size = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (size + 2**30, size + 2**30))  # 1 GiB more than the imports took
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    read_dataset("sparse", "covlab", sys.argv[1])
+    print("READ")
+except DatasetError as error:
+    print("REFUSED", str(error)[:400].replace(chr(10), " "))
+except MemoryError:
+    print("MEMORY")
+print("GROWTH_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_a_2gb_sparse_corpus_file_is_refused_in_bounded_memory(tmp_path, demo_dataset):
+    """A 2 GB file of NUL bytes as corpus.jsonl (truncate(): sparse, no disk used) is refused at line 1 while the
+    reading process grows by far less than the file (the whole file was read, decoded and split: 4.6 GB)."""
+    import subprocess
+    import sys
+
+    folder = write_covlab_layout(demo_dataset, tmp_path / "sparse")
+    with open(folder / "corpus.jsonl", "wb") as handle:
+        handle.truncate(2 * 10**9)
+    done = subprocess.run([sys.executable, "-c", SPARSE_CHILD, str(folder)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome, growth = done.stdout.strip().splitlines()
+    assert outcome.startswith(f"REFUSED {folder / 'corpus.jsonl'}:1: line longer than"), outcome
+    assert int(growth.split()[1]) < 400 * 1024, growth
+
+
+def test_a_huge_json_dataset_file_is_refused_before_it_is_read(tmp_path):
+    from covlab.resources.datasets import MAX_JSON_BYTES
+
+    base = tmp_path / "persp"
+    base.mkdir()
+    with open(base / "perspectrum_with_answers_v1.0.json", "wb") as handle:
+        handle.truncate(2 * 10**9)
+    with pytest.raises(DatasetError, match=rf"perspectrum_with_answers_v1.0.json: 2,000,000,000 bytes; expected a JSON "
+                                           rf"document of at most {MAX_JSON_BYTES:,} bytes"):
+        read_dataset("persp", "perspectrum", str(base))

@@ -129,7 +129,7 @@ def test_the_code_location_matches_its_written_out_snapshot():
 
 def test_the_demo_job_launches_with_the_demos_config():
     """The Launchpad of the `demo` job opens on what `make demo` runs (DEMO_CONFIG), not on each asset's default."""
-    from covlab.orchestration.settings import DEMO_CONFIG
+    from covlab.orchestration.definitions import DEMO_CONFIG
 
     assert defs.resolve_job_def("demo").get_run_config_for_partition_key("demo")["ops"] == DEMO_CONFIG["ops"]
 
@@ -191,7 +191,7 @@ def test_nightly_automation_and_candidate_sensor_are_defined():
 
 
 def test_the_gpu_pool_is_limited_in_the_generated_dagster_yaml(covlab_home):
-    from covlab.orchestration.settings import dagster_home
+    from covlab.orchestration.instance import dagster_home
 
     config = yaml.safe_load((dagster_home() / "dagster.yaml").read_text())
     assert config["concurrency"]["pools"]["default_limit"] == 1

@@ -172,6 +172,6 @@ def test_deployment_urls_reach_the_resources(monkeypatch, tmp_path, pg_database)
 
 
 def test_demo_run_config_is_the_demos():
-    from covlab.orchestration.settings import DEMO_CONFIG
+    from covlab.orchestration.definitions import DEMO_CONFIG
 
     assert yaml.safe_load((DEPLOY / "demo.yaml").read_text()) == DEMO_CONFIG

@@ -30,8 +30,7 @@ from dagster import AssetSelection, DagsterEventType, DagsterInstance, DagsterRu
 from covlab.assets.partitions import DATASETS
 from covlab.models.registry import Report
 from covlab.orchestration.cli import materialize
-from covlab.orchestration.settings import DEMO_CONFIG
-from covlab.orchestration.definitions import defs
+from covlab.orchestration.definitions import DEMO_CONFIG, defs
 from covlab.resources.device import GPU_POOL
 from covlab.resources.io_manager import read_stored
 from covlab.resources.results_store import ResultsStore
@@ -265,7 +264,7 @@ def _in_process_report(tmp_path, monkeypatch, config: dict) -> tuple[dict, pd.Da
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COVLAB_HOME", str(home))
     monkeypatch.setenv("DAGSTER_HOME", str(home / "dagster"))
-    from covlab.orchestration.settings import dagster_home
+    from covlab.orchestration.instance import dagster_home
 
     dagster_home()
     with DagsterInstance.get() as instance:

@@ -135,7 +135,7 @@ def asset_inputs(longdoc, pools):
 def test_selections_on_an_untrusted_estimator_fall_back_to_the_pool_order(longdoc, pools, asset_inputs, name):
     evaluation = EvaluationResource()
     out = k_selection(method(name), **asset_inputs, evaluation=evaluation,
-                      coverage=coin_estimate(pools, longdoc.nuggets, 0), coverage_estimator=estimator(dev_auc=0.545),
+                      coverage=coin_estimate(pools, longdoc.nuggets, 0), estimator=estimator(dev_auc=0.545),
                       nugget_links=longdoc.nugget_links)
     assert out.value.equals(k_run(pools, longdoc.queries, RelevanceOrder()))
     assert out.metadata["fell_back"].value is True and "0.5450 < 0.6500" in out.metadata["estimator_gate"].value
@@ -145,7 +145,7 @@ def test_selections_on_an_untrusted_estimator_fall_back_to_the_pool_order(longdo
 def test_a_trusted_estimator_is_followed_with_the_blend_chosen_on_dev(longdoc, pools, asset_inputs):
     estimate = perfect_estimate(pools, longdoc.nuggets, longdoc.nugget_links)
     out = k_selection(method("coverage_greedy_soft"), **asset_inputs, evaluation=EvaluationResource(),
-                      coverage=estimate, coverage_estimator=estimator(dev_auc=0.9), nugget_links=longdoc.nugget_links)
+                      coverage=estimate, estimator=estimator(dev_auc=0.9), nugget_links=longdoc.nugget_links)
     choice = blend_choice(pools, longdoc, estimate)
     assert out.metadata["fell_back"].value is False and out.metadata["blend_weight"].value == choice.weight
     assert json.dumps(out.metadata["blend"].value) == json.dumps(choice.evidence())

@@ -26,7 +26,7 @@ import sys, time
 from pathlib import Path
 from dagster import DagsterInstance, asset, materialize
 from covlab.orchestration.concurrency import pool_slots_guard
-from covlab.orchestration.settings import dagster_home
+from covlab.orchestration.instance import dagster_home
 
 @asset(pool="gpu")
 def training():
@@ -47,7 +47,7 @@ def scoring() -> int:
 @pytest.fixture
 def gpu_instance(covlab_home):
     """The instance of the generated dagster.yaml (gpu pool limited to one slot)."""
-    from covlab.orchestration.settings import dagster_home
+    from covlab.orchestration.instance import dagster_home
 
     dagster_home()
     with DagsterInstance.get() as instance:
@@ -235,7 +235,7 @@ def test_a_dead_runs_pending_claim_does_not_take_the_freed_slot(gpu_instance):
 
 
 def test_generated_dagster_yaml_frees_ended_runs_slots_and_replaces_earlier_versions(covlab_home):
-    from covlab.orchestration.settings import DAGSTER_YAML, EARLIER_DAGSTER_YAMLS, dagster_home
+    from covlab.orchestration.instance import DAGSTER_YAML, EARLIER_DAGSTER_YAMLS, dagster_home
 
     config = dagster_home() / "dagster.yaml"
     with DagsterInstance.get() as instance:

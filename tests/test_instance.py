@@ -1,4 +1,4 @@
-"""The Dagster instance is created and migrated by one process at a time (orchestration/settings.py
+"""The Dagster instance is created and migrated by one process at a time (orchestration/instance.py
 dagster_instance): concurrent first commands on a fresh home all succeed, the registry and the partitions
 agree, and a home that an unlocked concurrent first use left with two schema revisions is repaired, or
 refused with one line saying what to do."""
@@ -14,7 +14,7 @@ from dagster import DagsterInstance
 from conftest import write_covlab_layout
 
 from covlab.orchestration.cli import main
-from covlab.orchestration.settings import dagster_home
+from covlab.orchestration.instance import dagster_home
 
 RUNS_DB = ("history", "runs.db")
 

@@ -299,3 +299,22 @@ def test_after_make_demo_the_readme_s_adapters_select_with_the_champion(demo_hom
         (model,) = records[0][METADATA_KEY]["provenance"]
         assert (model["name"], model["alias"], model["version"]) == ("covlab.demo.lmvu_ranker", "champion",
                                                                       want.provenance[0].version), framework
+
+
+@pytest.mark.parametrize("budget, words", [
+    ({"k": 0}, "k: expected a whole number of items from 1 to 2**63 - 1, got 0"),
+    ({"tokens": 0}, "tokens: expected a whole number of tokens from 1 to 2**63 - 1, got 0"),
+    ({"k": -2}, "k: expected a whole number of items from 1 to 2**63 - 1, got -2"),
+    ({"tokens": True}, "tokens: expected a whole number of tokens from 1 to 2**63 - 1, got True"),
+    ({"k": 2.0}, "k: expected a whole number of items from 1 to 2**63 - 1, got 2.0"),
+    ({"tokens": 2**63}, f"tokens: expected a whole number of tokens from 1 to 2**63 - 1, got {2**63}"),
+])
+def test_every_adapter_refuses_a_budget_that_is_not_a_positive_whole_number(budget, words):
+    from covlab.serving.integrations.haystack import CovlabSelector
+    from covlab.serving.integrations.langchain import CovlabCompressor
+    from covlab.serving.integrations.llamaindex import CovlabPostprocessor
+
+    for adapter in (CovlabCompressor, CovlabPostprocessor, CovlabSelector):
+        with pytest.raises(ServingError) as refused:
+            adapter(selector=selector("mmr"), **budget)
+        assert str(refused.value) == words, adapter

@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 from dagster import AssetKey, DagsterInstance, DynamicPartitionsDefinition, asset, materialize
 
-from covlab.resources.lineage import POINTER, audit_materialization, render_text
+from covlab.resources.lineage import audit_materialization
+from covlab.resources.lineage_text import render_text
+from covlab.resources.materializations import POINTER
 from covlab.resources.io_manager import LocalTableIOManager
 
 DATASETS = DynamicPartitionsDefinition(name="datasets")

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
@@ -19,8 +20,8 @@ from fake_llm_server import FakeLLMServer, Reply
 from sqlalchemy import create_engine, select, text
 
 from covlab.models.prompts import parse_subquestions
-from covlab.resources.llm import (ERROR_BODY_CHARS, LLM_CACHE, LLMFormatError, LLMRequestError, LLMResource,
-                                  LLMUnavailable, request_key)
+from covlab.resources.llm import ERROR_BODY_CHARS, LLMFormatError, LLMRequestError, LLMResource, LLMUnavailable
+from covlab.resources.llm_cache import LLM_CACHE, request_key
 
 KEY = "sk-test-5f3c9a1e7d-not-a-real-key"
 PROMPT = "decompose-test"
@@ -541,3 +542,32 @@ def test_credentials_in_the_base_url_are_never_shown(server, make_llm, cache_url
         assert shown_url in text
     for text in (json.dumps(llm.describe()), str(error.value), str(unavailable.value), caplog.text):
         assert not [secret for secret in secrets if secret in text]
+
+
+@pytest.mark.parametrize("form", ["raw", "json-escaped", "percent-encoded", "base64", "uppercased"])
+def test_an_answer_quoting_the_key_is_cached_and_returned_redacted(server, make_llm, cache_url, tmp_path, form):
+    """An answer that quotes the API key (in any encoding) is redacted before it is parsed and cached: neither the
+    parsed value (what the subquestions table stores) nor the answer cache holds the key; and an answer an earlier
+    version cached with the key in it is served redacted too."""
+    quoted = SLASHED_KEY if form == "raw" else KEY_FORMS[form]
+    server.script(Reply.answer(json.dumps([f"What does the key {quoted} unlock?", "Who holds it?"])))
+    llm = make_llm(api_key=SLASHED_KEY)
+    answer = llm.chat_json(PROMPT, MESSAGES, parse_subquestions)
+    assert answer[1] == "Who holds it?" and "***" in answer[0]
+    if form in ("raw", "json-escaped", "percent-encoded", "uppercased"):
+        assert answer[0] == "What does the key *** unlock?"
+    stored = (tmp_path / "cache" / "llm_cache.sqlite").read_bytes().decode("utf-8", errors="replace")
+    assert leaked_forms(json.dumps(answer)) == [] and leaked_forms(repr(cache_rows(cache_url))) == []
+    assert leaked_forms(stored) == []
+    assert make_llm(api_key=SLASHED_KEY).chat_json(PROMPT, MESSAGES, parse_subquestions) == answer  # cached
+    assert len(server.requests) == 1
+
+    other = [{"role": "user", "content": "an answer cached by an earlier version"}]
+    engine = create_engine(cache_url)
+    with engine.begin() as connection:
+        connection.execute(LLM_CACHE.insert().values(
+            key=request_key("fake-model", other, 0.0, 1024, 0), prompt_id=PROMPT, model="fake-model",
+            answer=json.dumps([f"Is {quoted} the key?"]), created_at=datetime.now(timezone.utc)))
+    engine.dispose()
+    served = make_llm(api_key=SLASHED_KEY).chat_json(PROMPT, other, parse_subquestions)
+    assert leaked_forms(json.dumps(served)) == [] and len(server.requests) == 1

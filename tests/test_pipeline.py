@@ -11,7 +11,9 @@ from dagster import AssetCheckSeverity, AssetKey, Definitions
 
 from covlab.orchestration.cli import materialize
 from covlab.orchestration.definitions import ASSETS, default_resources
-from covlab.resources.lineage import audit_figures, audit_materialization, render_text
+from covlab.resources.lineage import audit_materialization
+from covlab.resources.lineage_text import render_text
+from covlab.resources.report_lineage import audit_figures
 from covlab.resources.evaluation import EvaluationResource
 from tiny_bert import tiny_pipeline_config
 
@@ -26,7 +28,7 @@ def built(tmp_path_factory, tiny_model_dir):
 
     from dagster import DagsterInstance
 
-    from covlab.orchestration.settings import dagster_home
+    from covlab.orchestration.instance import dagster_home
 
     home = tmp_path_factory.mktemp("pipeline") / "home"
     saved = {k: os.environ.get(k) for k in ("COVLAB_HOME", "DAGSTER_HOME")}

@@ -135,7 +135,7 @@ def test_the_coverage_report_methods_are_exactly_the_selection_assets():
         inputs = asset_inputs(by_key[f"selection_{entry.name}"])
         assert ("pool_scores" in inputs) == (entry.order is not PoolOrder.BM25), entry.name
         assert inputs.get("coverage") == entry.coverage.asset, entry.name
-        assert ("coverage_estimator" in inputs) == entry.coverage.estimated, entry.name
+        assert (inputs.get("estimator") == "coverage_estimator") == entry.coverage.estimated, entry.name
 
 
 def test_the_comparison_methods_are_exactly_the_budgeted_assets():

@@ -7,7 +7,7 @@ from dagster import DynamicPartitionsDefinition, MetadataValue, Output, asset, m
 
 from covlab.orchestration.cli import main
 from covlab.orchestration.definitions import default_resources
-from covlab.resources.lineage import REPORT_ID, confirm_reports
+from covlab.resources.report_lineage import REPORT_ID, confirm_reports
 from covlab.resources.io_manager import LocalTableIOManager
 from covlab.resources.results_store import ReportRecord, ResultsStore
 

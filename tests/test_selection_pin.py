@@ -118,22 +118,22 @@ EXPECTED_GRAPH = {
         "1"),
     "selection_coverage_greedy": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_coverage_matrix",
-         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
          "queries": "queries"},
         "3"),
     "selection_coverage_greedy_soft": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_coverage_matrix",
-         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
          "queries": "queries"},
         "3"),
     "selection_gold_nugget_bound": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_gold_coverage_matrix",
-         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
          "queries": "queries"},
         "3"),
     "selection_gold_nugget_bound_soft": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_gold_coverage_matrix",
-         "coverage_estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
          "queries": "queries"},
         "3"),
     "selection_oracle_greedy": (
@@ -181,7 +181,7 @@ def matrices(demo_dataset, inputs):
 def cases():
     for assets_def in SELECTION_ASSETS:
         name = assets_def.key.to_user_string()
-        if "coverage_estimator" in assets_def.keys_by_input_name:
+        if "estimator" in assets_def.keys_by_input_name:
             for dev_auc, strength, settings in ESTIMATED_CASES:
                 yield f"{name}/auc{dev_auc}/{strength}/{settings}", assets_def, dev_auc, strength, settings
         else:
@@ -193,7 +193,7 @@ def run_case(assets_def, dev_auc, strength, settings, inputs, matrices):
     if dev_auc is not None:  # what the selections read of the estimator: its dev ROC-AUC (the gate)
         model = RegisteredModel("covlab.demo.coverage_estimator", 1, "models:/covlab.demo.coverage_estimator/1", "run",
                                 "source", "path", "hash")
-        available["coverage_estimator"] = TrainedModel(model, {"dev_auc": dev_auc})
+        available["estimator"] = TrainedModel(model, {"dev_auc": dev_auc})
     coverage_key = assets_def.keys_by_input_name.get("coverage")
     if coverage_key is not None:
         coverage = coverage_key.to_user_string()

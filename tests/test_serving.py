@@ -11,7 +11,8 @@ import pytest
 
 from covlab.models.explain import NO_FACET, OVER_BUDGET, RANKED_BELOW, REDUNDANT
 from covlab.models.lmvu import FEATURE_NAMES, LMVURanker
-from covlab.models.registry import SelectorSettings, method
+from covlab.models.registry import Role, SelectorSettings, method
+from covlab.models.replay import BudgetDecision, RecordedDecisions
 from covlab.models.selectors import MMR, AdaGReS, Budget, FacilityLocation, Pool, RelevanceOrder
 from covlab.models.tokens import TokenCounter
 from covlab.serving import SERVABLE, ServingError, load_selector, vectors_base64
@@ -25,8 +26,15 @@ PASSAGES = ["The harbour market opens at dawn and sells fresh fish from the nigh
             "Tram tickets can be bought on board or at the kiosks by the stops."]
 
 
-def served(name: str, encoder=None, **kwargs) -> ContextSelector:
-    return ContextSelector(method(name), SelectorSettings(), encoder or FixedEncoder(), TokenCounter(), **kwargs)
+def served(name: str, encoder=None, *, model=None, estimator=None, blend_weights=None, fell_back=False):
+    """A ContextSelector of `name` over the fixed encoder, with LMVU's `model` or the coverage `estimator`, and the
+    decisions of an evaluation that chose `blend_weights` ({"k=10": w, ...}) or fell back at those budgets."""
+    models = {role: m for role, m in ((Role.SELECTOR_MODEL, model), (Role.COVERAGE_ESTIMATOR, estimator)) if m}
+    decisions = RecordedDecisions({key: BudgetDecision(fell_back, "dev ROC-AUC 0.5000 < 0.6500" if fell_back else
+                                                       "dev ROC-AUC 0.9000 >= 0.6500", None if fell_back else w)
+                                   for key, w in (blend_weights or {}).items()})
+    return ContextSelector(method(name), SelectorSettings(), encoder or FixedEncoder(), TokenCounter(),
+                           models=models, decisions=decisions)
 
 
 @pytest.mark.parametrize("name, selector", [("mmr", MMR(0.5)), ("adagres", AdaGReS()), ("facloc", FacilityLocation()),
@@ -36,7 +44,7 @@ def test_a_served_selection_is_the_selector_s_own_on_the_same_pool(name, selecto
     encoder = FixedEncoder()
     serving = served(name, encoder)
     answer = serving.select("What is there to do in the old town?", PASSAGES, budget)
-    pool = serving.pool("What is there to do in the old town?", as_candidates(PASSAGES), None, None)
+    pool = serving.pool("What is there to do in the old town?", as_candidates(PASSAGES), None, None, budget)
     expected = selector(pool, budget)
     assert answer.ids == [str(i) for i in expected.items.tolist()]
     assert [item.gain for item in answer.chosen] == pytest.approx(expected.gains.tolist())
@@ -113,8 +121,7 @@ def test_left_out_reasons_name_the_budget_the_duplicate_and_the_covered_facet():
         return np.array([1.0 if (s, t) in {("s0", duplicate[0]), ("s0", duplicate[1]), ("s1", duplicate[2])}
                          else 0.0 for s, t in pairs])
 
-    serving = served("coverage_greedy", encoder, estimator=estimator, estimator_dev_auc=0.9,
-                     blend_weights={"k=2": 1.0})
+    serving = served("coverage_greedy", encoder, estimator=estimator, blend_weights={"k=2": 1.0})
     answer = serving.select("q", duplicate + [PASSAGES[4]], Budget(k=2), subquestions=["s0", "s1"])
     # equal gains: relevance orders the two
     assert sorted(answer.ids) == ["0", "2"] and answer.decision["blend_weight"] == 1.0
@@ -127,19 +134,30 @@ def test_left_out_reasons_name_the_budget_the_duplicate_and_the_covered_facet():
     assert any(item.kind == OVER_BUDGET and "tokens," in item.reason for item in over.left_out)
 
 
-def test_the_estimator_gate_and_the_blend_weight_apply_as_in_the_pipeline():
+def test_the_evaluation_s_gate_and_blend_weight_are_replayed_and_an_untuned_budget_says_its_rule():
     def estimator(pairs):
         return np.linspace(0.1, 0.9, len(pairs))
 
-    low = served("coverage_greedy_soft", estimator=estimator, estimator_dev_auc=0.5)
+    low = served("coverage_greedy_soft", estimator=estimator, blend_weights={"k=2": 1.0}, fell_back=True)
     answer = low.select("q", PASSAGES, Budget(k=2), subquestions=["a", "b"])
     assert answer.decision["fell_back"] and "0.5000 < 0.6500" in answer.decision["estimator_gate"]
+    assert answer.decision["rule"] == "evaluated"
     assert answer.ids == served("relevance").select("q", PASSAGES, Budget(k=2)).ids  # the fallback order
-    nearest = served("coverage_greedy_soft", estimator=estimator, estimator_dev_auc=0.9,
-                     blend_weights={"k=10": 0.25, "tokens=128": 0.75})
-    assert nearest.select("q", PASSAGES, Budget(k=3), subquestions=["a"]).decision["blend_chosen_for"] == "k=10"
-    none = served("coverage_greedy_soft", estimator=estimator, estimator_dev_auc=0.9)
-    assert none.select("q", PASSAGES, Budget(tokens=40), subquestions=["a"]).decision["blend_weight"] == 0.0
+    tuned = served("coverage_greedy_soft", estimator=estimator, blend_weights={"k=10": 0.25, "tokens=128": 0.75})
+    exact = tuned.select("q", PASSAGES, Budget(tokens=128), subquestions=["a"]).decision
+    assert (exact["rule"], exact["blend_weight"], exact["blend_chosen_for"]) == ("evaluated", 0.75, "tokens=128")
+    nearest = tuned.select("q", PASSAGES, Budget(k=3), subquestions=["a"]).decision
+    assert (nearest["rule"], nearest["blend_weight"], nearest["blend_chosen_for"]) == ("nearest", 0.25, "k=10")
+    assert "k=3 was never evaluated" in nearest["reason"]
+    untuned = served("coverage_greedy_soft", estimator=estimator, blend_weights={"k=10": 0.25})
+    fallback = untuned.select("q", PASSAGES, Budget(tokens=40), subquestions=["a"])
+    assert fallback.decision["fell_back"] and fallback.decision["rule"] == "fallback"
+    assert "no tokens budget was evaluated" in fallback.decision["reason"]
+    assert fallback.ids == served("relevance").select("q", PASSAGES, Budget(tokens=40)).ids
+    asked = untuned.select("q", PASSAGES, Budget(tokens=40), subquestions=["a"], blend_weight=1.0).decision
+    assert (asked["rule"], asked["blend_weight"], asked["fell_back"]) == ("request", 1.0, False)
+    gated = low.select("q", PASSAGES, Budget(k=2), subquestions=["a"], blend_weight=1.0).decision
+    assert gated["fell_back"] and "not applied below the estimator gate" in gated["reason"]
 
 
 @pytest.mark.parametrize("candidates, message", [
@@ -177,3 +195,87 @@ def test_the_serving_path_imports_no_dagster():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def unit_rows(n: int, width: int, seed: int = 0) -> np.ndarray:
+    rows = np.random.default_rng(seed).standard_normal((n, width))
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("change, loc, message", [
+    ({1: {"embedding": unit_rows(1, 3)[0]}}, ("candidates", 1, "embedding"),
+     "candidates[1].embedding: expected width 8 (the first embedding's, candidates[0].embedding), got 3"),
+    ({2: {"embedding": 2 * unit_rows(1, 8)[0]}}, ("candidates", 2, "embedding"),
+     "candidates[2].embedding: not unit length (norm 2.000000); covlab expects unit-normalised embeddings"),
+    ({0: {"embedding": np.zeros(8)}}, ("candidates", 0, "embedding"),
+     "candidates[0].embedding: not unit length (norm 0.000000); covlab expects unit-normalised embeddings"),
+    ({1: {"atoms": unit_rows(2, 3)}}, ("candidates", 1, "atoms"),
+     "candidates[1].atoms: expected width 8 (the first embedding's, candidates[0].embedding), got 3"),
+    ({1: {"atoms": np.vstack([unit_rows(1, 8), np.zeros((1, 8))])}}, ("candidates", 1, "atoms"),
+     "candidates[1].atoms: row 1 is not unit length (norm 0.000000); covlab expects unit-normalised embeddings"),
+    ({1: {"atoms": vectors_base64(unit_rows(2, 8) * 3)}}, ("candidates", 1, "atoms"),
+     "candidates[1].atoms: row 0 is not unit length (norm 3.000000)"),
+])
+def test_embeddings_of_another_width_or_not_unit_length_are_refused_naming_the_field(change, loc, message):
+    records = [{"id": f"d{i}", "text": t, "embedding": v} for i, (t, v) in enumerate(zip(PASSAGES, unit_rows(5, 8)))]
+    for i, fields in change.items():
+        records[i] = {**records[i], **fields}
+    for given in (records, [{**r, "embedding": vectors_base64(r["embedding"])} for r in records]):
+        with pytest.raises(ServingError) as refused:
+            served("mmr").select("q", given, Budget(k=2))
+        assert message in str(refused.value) and refused.value.loc == loc
+
+
+@pytest.mark.parametrize("query_embedding, candidate_embeddings, message", [
+    (unit_rows(1, 3)[0], True, "query_embedding: expected width 8 (the first embedding's, candidates[0].embedding), "
+                               "got 3"),
+    (unit_rows(1, 3)[0], False, "query_embedding: expected width 8 (the encoder's, which embedded the candidates), "
+                                "got 3"),
+    (np.zeros(8), True, "query_embedding: a zero vector; expected a non-zero vector (its direction is read)"),
+    (None, "width 3", "candidates[0].embedding: expected width 8 (the encoder's, which embedded the query), got 3"),
+])
+def test_a_query_embedding_must_match_the_candidates_width(query_embedding, candidate_embeddings, message):
+    width = 3 if candidate_embeddings == "width 3" else 8
+    records = [{"id": f"d{i}", "text": t, **({"embedding": v} if candidate_embeddings else {})}
+               for i, (t, v) in enumerate(zip(PASSAGES, unit_rows(5, width)))]
+    with pytest.raises(ServingError) as refused:
+        served("mmr").select("q", records, Budget(k=2), query_embedding=query_embedding)
+    assert message in str(refused.value)
+    assert refused.value.loc == (("candidates", 0, "embedding") if query_embedding is None else ("query_embedding",))
+
+
+@pytest.mark.parametrize("given, message", [
+    ([0, 1, 2], "candidates[3, 4].embedding: missing; give an embedding for every candidate or for none"),
+    ([2], "candidates[2].embedding: given for 1 of 5 candidates only; give an embedding for every candidate or for "
+          "none"),
+])
+def test_an_embedding_for_only_some_candidates_is_refused_naming_the_shorter_list(given, message):
+    vectors = unit_rows(5, 8)
+    records = [{"id": f"d{i}", "text": t, **({"embedding": vectors[i]} if i in given else {})}
+               for i, t in enumerate(PASSAGES)]
+    with pytest.raises(ServingError) as refused:
+        served("mmr").select("q", records, Budget(k=2))
+    assert str(refused.value) == message and refused.value.loc == ("candidates",)
+    many = [{"id": f"d{i}", "text": f"passage {i}", **({"embedding": vectors[0]} if i % 2 else {})} for i in range(40)]
+    with pytest.raises(ServingError, match=r"^candidates\[0, 2, 4, 6, 8, 10, 12, 14, 16, 18, \.\.\. \(20 in all\)\]"
+                                           r"\.embedding: missing"):
+        as_candidates(many)
+
+
+def test_a_redundant_item_s_reason_names_the_chosen_item_s_id():
+    texts = [PASSAGES[2], PASSAGES[0], PASSAGES[0] + " "]  # the third is a copy of the second
+    encoder = FixedEncoder()
+    encoder.table[texts[2]] = encoder([texts[1]])[0]
+    records = [{"id": name, "text": t} for name, t in zip(["museum", "market", "market-copy"], texts)]
+    answer = served("mmr", encoder).select(PASSAGES[0], records, Budget(k=1))
+    (left,) = [item for item in answer.left_out if item.id == "market-copy"]
+    assert answer.ids == ["market"] and left.kind == REDUNDANT and left.redundant_with == "market"
+    assert left.reason == "redundant with chosen item market (cosine 1.000)"
+
+
+@pytest.mark.parametrize("weight", [float("nan"), 1.5, -0.1, True, "1"])
+def test_a_blend_weight_that_is_not_a_number_in_0_1_is_refused_by_the_library_call_naming_it(weight):
+    serving = served("coverage_greedy_soft", estimator=lambda pairs: np.full(len(pairs), 0.5),
+                     blend_weights={"k=2": 1.0})
+    with pytest.raises(ServingError, match=r"blend_weight: expected a number in \[0, 1\]"):
+        serving.select("q", PASSAGES, Budget(k=2), subquestions=["a"], blend_weight=weight)

@@ -77,16 +77,6 @@ def test_each_distinct_text_is_tokenized_once(counter, monkeypatch):
     assert len(wrapper.calls) == 2 and len(loads) == 1
 
 
-def test_a_bounded_cache_keeps_at_most_its_texts_beyond_one_call(counter):
-    bounded = TokenCounter(max_cached=3)
-    bounded._tokenizer = counter.tokenizer
-    assert bounded.count(["hello world", "a"]).tolist() == [2, 1] and len(bounded._counts) == 2
-    assert bounded.count(["a", "b"]).tolist() == [1, 1] and len(bounded._counts) == 3  # fits: kept
-    assert bounded.count(["a", "Coverage-aware selection."]).tolist() == [1, 5]  # would be 4: emptied first
-    assert sorted(bounded._counts) == ["Coverage-aware selection.", "a"]  # what this call counted
-    assert bounded.count([f"word{i}" for i in range(5)]).tolist() == [2] * 5 and len(bounded._counts) == 5
-
-
 def test_order_is_preserved(counter):
     texts = ["one two three four", "one", "one two three", "one two", ""]
     assert counter.count(texts).tolist() == [4, 1, 3, 2, 0]
@@ -101,3 +91,49 @@ def test_refusals(counter):
         counter.count([b"bytes"])
     with pytest.raises(TypeError, match="single str"):
         counter.count("hello world")
+
+
+class FastTokenizer:
+    """A stand-in fast tokenizer: one token per whitespace-separated word (the cache, not the counts, is tested)."""
+    is_fast = True
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def __call__(self, texts, **options):
+        self.calls.append(list(texts))
+        return {"input_ids": [text.split() for text in texts]}
+
+
+def test_the_cache_is_bounded_by_bytes_and_evicts_the_least_recently_used():
+    bounded = TokenCounter(max_cached_bytes=10_000)
+    bounded._tokenizer = tokenizer = FastTokenizer()
+    short = [f"text {i}" for i in range(10)]
+    assert bounded.count(short).tolist() == [2] * 10 and bounded.cached_bytes <= 10_000
+    long = ["word " * 1_000 + str(i) for i in range(4)]  # ~5 KB each: two at most fit with the short ones
+    assert bounded.count(long[:1]).tolist() == [1_001]
+    assert bounded.count(short[:5]).tolist() == [2] * 5  # used again: the most recent
+    assert bounded.count(long[1:2]).tolist() == [1_001] and bounded.cached_bytes <= 10_000
+    tokenizer.calls.clear()
+    assert bounded.count(short[:5] + long[1:2]).tolist() == [2] * 5 + [1_001] and tokenizer.calls == []
+    assert bounded.count(long[:1]).tolist() == [1_001] and tokenizer.calls == [long[:1]]  # evicted: counted again
+    assert bounded.count(long).tolist() == [1_001] * 4 and bounded.cached_bytes <= 10_000  # one call over the bound
+    assert bounded.count(short[5:]).tolist() == [2] * 5 and bounded.cached_bytes <= 10_000
+
+
+def test_many_distinct_long_texts_do_not_grow_a_bounded_cache_s_memory():
+    import tracemalloc
+
+    bounded = TokenCounter(max_cached_bytes=2**20)
+    bounded._tokenizer = FastTokenizer()
+    batches = [[f"request {r} text {i} " + "long words " * 1_000 for i in range(20)] for r in range(60)]  # 13 MB
+    tracemalloc.start()
+    try:
+        bounded.count(batches[0])
+        baseline = tracemalloc.get_traced_memory()[0]
+        for batch in batches[1:]:
+            bounded.count(batch)
+        grown = tracemalloc.get_traced_memory()[0] - baseline
+    finally:
+        tracemalloc.stop()
+    assert bounded.cached_bytes <= 2**20 and grown < 2**20, grown

@@ -4,6 +4,7 @@ byte-identical downloads, no secret in anything logged, no mlflow global touched
 import base64
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from mlflow import MlflowClient
 from safetensors.numpy import save_file
 
 from covlab.models.versions import directory_hash
-from covlab.resources.model_store import CONTENT_HASH_TAG
+from covlab.resources.model_store import CONTENT_HASH_TAG, VERSION_HASH_TAG
 from covlab.resources.tracking import REDACTED, TrackingResource
 
 SECRET = "sk-covlab-test-5f2a9c0e1d7b"
@@ -69,7 +70,9 @@ def test_logged_version_is_registered_with_tags_and_candidate_alias(tracking, tm
     # What MLflow itself holds, read with a client of our own.
     client = MlflowClient(tracking_uri=tracking.tracking_uri, registry_uri=tracking.tracking_uri)
     version = client.get_model_version(name, "1")
-    assert version.tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(weights)}  # what a download verifies
+    # what a download verifies: the weights, and every file of the version (here no MLmodel: the weights alone)
+    assert version.tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(weights),
+                            VERSION_HASH_TAG: directory_hash(weights)}
     assert version.run_id == ref.run_id and version.source == ref.source
     assert client.get_model_version_by_alias(name, "candidate").version == 1
     run = client.get_run(ref.run_id)
@@ -210,7 +213,10 @@ def test_training_run_spans_the_training_with_epoch_steps_and_a_signature(tracki
     assert client.get_model_version(name, "1").description == (
         "Trained by the Dagster asset ? for dataset ? in run ?. Final figures: dev_auc 0.8.")
     assert dict(ref.tags) == TAGS
-    assert client.get_model_version(name, "1").tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(source)}
+    logged = Path(mlflow.artifacts.download_artifacts(ref.source, dst_path=str(tmp_path / "logged")))
+    assert sorted(p.name for p in logged.iterdir()) == sorted([*os.listdir(source), "MLmodel", "input_example.json"])
+    assert client.get_model_version(name, "1").tags == {**TAGS, CONTENT_HASH_TAG: directory_hash(source),
+                                                        VERSION_HASH_TAG: directory_hash(logged)}
     # The version reloads with its signature and input example through MLflow's own loaders.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.tracking_uri)
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", tracking.tracking_uri)
@@ -298,3 +304,204 @@ def test_a_version_description_names_the_asset_run_commit_and_final_figures():
     assert version_description(tags, {"kept_epoch": 2.0, "dev_auc": 0.85614}) == (
         "Trained by the Dagster asset coverage_estimator for dataset argkp in run 5f0c at commit 0123456789ab. "
         "Final figures: dev_auc 0.8561, kept_epoch 2.")
+
+
+def _home_tracking(home: Path) -> TrackingResource:
+    """The tracking resource of a covlab home as default_resources makes it: the embedded SQLite store and its
+    artifacts under <home>/mlflow."""
+    return TrackingResource(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                            artifact_root=str(home / "mlflow" / "artifacts"))
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("layout", ["home", "artifacts-beside-the-database-folder"])
+def test_a_copied_home_is_independent_of_its_original(tmp_path, layout):
+    """`cp -a home copy`, then a registration in the copy: nothing new under the original (MLflow keeps absolute
+    artifact locations in its SQLite store, which pointed the copy's new runs into the original), the copy's
+    artifacts and the versions it brought along resolve under the copy, and they still load once the original is
+    gone."""
+    def tracking_of(home: Path) -> TrackingResource:
+        if layout == "home":
+            return _home_tracking(home)
+        return TrackingResource(tracking_uri=f"sqlite:///{home / 'mlflow' / 'mlflow.db'}",
+                                artifact_root=str(home / "artifacts"))
+
+    name = "covlab.demo.lmvu_ranker"
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    first_weights = weights_dir(tmp_path / "w1", seed=1)
+    first = register(tracking_of(original), name, first_weights, {}, {"val_loss": 0.5}, TAGS)
+    shutil.copytree(original, copy, symlinks=True)  # cp -a
+    before = _snapshot(original)
+
+    in_copy = tracking_of(copy)
+    second = register(in_copy, name, weights_dir(tmp_path / "w2", seed=2), {}, {"val_loss": 0.4}, TAGS)
+    assert _snapshot(original) == before
+    copy_uri = copy.resolve().as_uri() + "/"
+    assert second.source.startswith(copy_uri)
+    brought = in_copy.versions(name)[0]
+    assert brought.version == first.version and brought.source.startswith(copy_uri)
+    client = MlflowClient(tracking_uri=in_copy.tracking_uri)
+    assert client.get_run(second.run_id).info.artifact_uri.startswith(copy_uri)
+    assert client.get_experiment_by_name(in_copy.experiment).artifact_location.startswith(copy_uri)
+
+    shutil.rmtree(original)
+    assert files_of(in_copy.download(brought, tmp_path / "d1")) == files_of(first_weights)
+    assert files_of(_home_tracking(copy).download(second, tmp_path / "d2")) == files_of(tmp_path / "w2")
+
+
+def test_a_moved_home_keeps_working_and_its_original_place_stays_empty(tmp_path):
+    name = "covlab.demo.coverage_estimator"
+    original, moved = tmp_path / "original", tmp_path / "elsewhere" / "moved"
+    weights = weights_dir(tmp_path / "w", seed=3)
+    register(_home_tracking(original), name, weights, {}, {}, TAGS)
+    moved.parent.mkdir()
+    shutil.move(original, moved)
+    tracking = _home_tracking(moved)
+    [ref] = tracking.versions(name)
+    assert files_of(tracking.download(ref, tmp_path / "d")) == files_of(weights)
+    newer = register(tracking, name, weights_dir(tmp_path / "w2", seed=4), {}, {}, TAGS)
+    assert newer.source.startswith(moved.resolve().as_uri() + "/") and not original.exists()
+
+
+def test_a_home_copied_before_its_store_recorded_its_place_is_independent_too(tmp_path):
+    """A store written before covlab recorded where it was opened (no covlab_store_location table): the old place
+    is inferred from a run whose artifact folder the copy holds, and the copy is independent as above."""
+    import sqlite3
+
+    name = "covlab.demo.mcompass_student"
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    register(_home_tracking(original), name, weights_dir(tmp_path / "w", seed=5), {}, {}, TAGS)
+    with sqlite3.connect(original / "mlflow" / "mlflow.db") as connection:
+        connection.execute("DROP TABLE covlab_store_location")
+    shutil.copytree(original, copy, symlinks=True)
+    before = _snapshot(original)
+    second = register(_home_tracking(copy), name, weights_dir(tmp_path / "w2", seed=6), {}, {}, TAGS)
+    assert _snapshot(original) == before and second.source.startswith(copy.resolve().as_uri() + "/")
+    assert all(v.source.startswith(copy.resolve().as_uri() + "/") for v in _home_tracking(copy).versions(name))
+    # and the original, opened again where it always was, keeps its own locations
+    third = register(_home_tracking(original), name, weights_dir(tmp_path / "w3", seed=7), {}, {}, TAGS)
+    assert third.source.startswith(original.resolve().as_uri() + "/")
+
+
+# A tracking server password with the characters encodings treat specially ("/", "+", "=").
+SERVER_PASSWORD = "S3cret/Passw0rd+x="
+
+
+def _password_forms(text: str) -> list[str]:
+    """The forms of SERVER_PASSWORD found in `text`: raw, URL-encoded (once, twice), base64 of the Basic auth
+    credentials and of the password alone."""
+    from urllib.parse import quote
+
+    forms = {"raw": SERVER_PASSWORD, "url-encoded": quote(SERVER_PASSWORD, safe=""),
+             "url-encoded-twice": quote(quote(SERVER_PASSWORD, safe=""), safe=""),
+             "base64-basic": base64.b64encode(f"covlab:{SERVER_PASSWORD}".encode()).decode()[8:-4],
+             "base64": base64.b64encode(SERVER_PASSWORD.encode()).decode()[:-4]}
+    return [name for name, form in forms.items() if form in text]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _uri_with_password(host_port: str, scheme: str = "http") -> str:
+    from urllib.parse import quote
+
+    return f"{scheme}://covlab:{quote(SERVER_PASSWORD, safe='')}@{host_port}"
+
+
+@pytest.mark.parametrize("where", ["closed-port", "unknown-scheme"])
+def test_a_bad_tracking_uri_fails_within_seconds_without_its_password(where, tmp_path):
+    """A tracking URI with user:password that names a closed port (MLflow retried for 4 minutes, then raised an
+    error quoting the URI whole) or a scheme MLflow does not know: the error comes within seconds, names the URI
+    as ***@host, and holds no form of the password."""
+    from covlab.resources.model_store import ModelStore
+    from covlab.resources.tracking_server import TrackingUnavailable
+
+    uri = _uri_with_password(f"127.0.0.1:{_closed_port()}", "http" if where == "closed-port" else "htp")
+    started = time.monotonic()
+    with pytest.raises(TrackingUnavailable) as error:
+        ModelStore(uri).versions("covlab.demo.lmvu_ranker")
+    assert time.monotonic() - started < 10
+    message = str(error.value)
+    assert "covlab:***@127.0.0.1" not in message and "***@127.0.0.1" in message, message
+    assert error.value.__cause__ is None and error.value.__context__ is None
+    with pytest.raises(TrackingUnavailable) as again:  # the pipeline's resource says the same
+        TrackingResource(tracking_uri=uri, artifact_root=str(tmp_path)).versions("covlab.demo.lmvu_ranker")
+    assert _password_forms(f"{message}\n{again.value}") == []
+    # the links to versions that metadata carries show the server without its credentials too
+    linked = TrackingResource(tracking_uri=uri.replace("htp://", "http://"), ui_url=uri.replace("htp://", "http://"))
+    assert linked.ui_base_url().startswith("http://***@127.0.0.1:") and _password_forms(linked.ui_base_url()) == []
+
+
+def test_a_tracking_server_echoing_the_credentials_leaves_no_form_of_them_in_the_error():
+    """A reachable server that refuses the request and echoes its Authorization header (base64 of user:password)
+    in the body, which MLflow quotes in its error: that error reaches the caller redacted, its code kept."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from mlflow.exceptions import MlflowException
+
+    from covlab.resources.model_store import ModelStore
+
+    class Echo(BaseHTTPRequestHandler):
+        """Opens (the searches the store opens with find nothing), then refuses every other request."""
+
+        def do_GET(self):
+            if "/search" in self.path:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+                return
+            body = json.dumps({"error_code": "UNAUTHENTICATED", "message": f"bad credentials: "
+                               f"{self.headers.get('Authorization')} for {self.path}"}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(MlflowException) as error:
+            ModelStore(_uri_with_password(f"127.0.0.1:{server.server_port}")).versions("covlab.demo.lmvu_ranker")
+    finally:
+        server.shutdown()
+    assert "bad credentials: Basic ***" in str(error.value)
+    assert _password_forms(str(error.value)) == [] and error.value.__context__ is None
+
+
+def test_covlab_serve_with_an_unreachable_tracking_uri_is_one_line_within_seconds(tmp_path):
+    """`covlab serve --tracking-uri http://user:PASSWORD@127.0.0.1:<closed>`: a one-line error and exit 2 within
+    seconds of starting (not a 4-minute retry and a traceback quoting the password)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COVLAB_MLFLOW_TRACKING_URI", "DAGSTER_HOME")}
+    env["COVLAB_HOME"] = str(tmp_path / "home")
+    uri = _uri_with_password(f"127.0.0.1:{_closed_port()}")
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "covlab.orchestration.cli", "serve", "--dataset", "demo",
+                           "--tracking-uri", uri, "--port", str(_closed_port())],
+                          capture_output=True, text=True, env=env, timeout=180)
+    elapsed = time.monotonic() - started
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and "***@127.0.0.1" in done.stderr.splitlines()[-1]
+    assert _password_forms(output) == []
+    assert elapsed < 60, f"{elapsed:.0f} s, of which process start and imports are most"

@@ -10,7 +10,7 @@ from covlab.models import windows
 from covlab.models.cross_encoder import gold_coverage_pairs
 from covlab.models.encoders import default_base_model
 from covlab.models.windows import WindowSelection, boundaries, select_windows, token_windows
-from covlab.orchestration.settings import DEMO_CONFIG
+from covlab.orchestration.definitions import DEMO_CONFIG
 from covlab.resources.datasets import read_dataset
 
 FILLER = ["The harbour of Lumen was rebuilt after the great storm of the northern coast.",

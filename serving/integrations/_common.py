@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from numbers import Integral
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
@@ -70,6 +71,17 @@ def resolve_selector(method: str | None, dataset: str | None, alias: str, tracki
                                "name only")
         return selector
     return load_selector(method, dataset, alias, tracking_uri)
+
+
+def adapter_budget(tokens: int | None, k: int | None) -> Budget:
+    """The Budget every adapter runs at: exactly one of `tokens` and `k` (Budget's check), each a whole number from
+    1 to 2**63 - 1 as `covlab serve` takes it (a bool is not one; a budget of 0 would select nothing); a
+    ServingError naming it otherwise."""
+    for unit, noun, value in (("tokens", "tokens", tokens), ("k", "items", k)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, Integral)
+                                  or not 1 <= value < 2**63):
+            raise ServingError(f"{unit}: expected a whole number of {noun} from 1 to 2**63 - 1, got {value!r}")
+    return Budget(k=k, tokens=tokens)
 
 
 def candidates(documents: Sequence[T], access: Access[T]) -> list[Candidate]:
@@ -144,7 +156,7 @@ class PydanticAdapter(BaseModel):
                  selector: ContextSelector | None = None, tokens: int | None = None, k: int | None = None,
                  tracking_uri: str | None = None, **kwargs: Any):
         super().__init__(selector=resolve_selector(method, dataset, alias, tracking_uri, selector),
-                         budget=Budget(k=k, tokens=tokens), **kwargs)
+                         budget=adapter_budget(tokens, k), **kwargs)
         self._run = FrameworkSelection(self.access, self.selector, self.budget)
 
     @property

@@ -13,8 +13,8 @@ from typing import Any
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.core.errors import SerializationError
 
-from covlab.models.selectors import Budget
-from covlab.serving.integrations._common import Access, FrameworkSelection, LastSelection, resolve_selector
+from covlab.serving.integrations._common import (Access, FrameworkSelection, LastSelection, adapter_budget,
+                                                 resolve_selector)
 from covlab.serving.selector import ContextSelector
 
 ACCESS: Access[Document] = Access("haystack Document", "content", lambda d: d.content, lambda d: d.id,
@@ -31,7 +31,7 @@ class CovlabSelector:
                  selector: ContextSelector | None = None, tokens: int | None = None, k: int | None = None,
                  tracking_uri: str | None = None):
         self.selector = resolve_selector(method, dataset, alias, tracking_uri, selector)
-        self.budget = Budget(k=k, tokens=tokens)
+        self.budget = adapter_budget(tokens, k)
         self._init = None if selector is not None else dict(method=method, dataset=dataset, alias=alias,
                                                              tokens=tokens, k=k, tracking_uri=tracking_uri)
         self._run = FrameworkSelection(ACCESS, self.selector, self.budget)

@@ -1,4 +1,5 @@
-"""Where covlab keeps its state: everything lives under COVLAB_HOME (default `./.covlab`).
+"""The Dagster instance of a covlab home: its folder (`<COVLAB_HOME>/dagster` unless DAGSTER_HOME says otherwise)
+and the dagster.yaml covlab writes there, and how the instance is opened.
 
 The Dagster instance is opened through `dagster_instance`: on first use Dagster creates and migrates its
 SQLite databases (runs, schedules, event log index) without any lock between processes, and several
@@ -16,6 +17,8 @@ import tempfile
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
+
+from covlab.resources.home import covlab_home
 
 if TYPE_CHECKING:
     from dagster import DagsterInstance
@@ -45,35 +48,6 @@ EARLIER_DAGSTER_YAMLS = (
     "# GPU steps carry pool \"gpu\" (resources/device.py: gpu_step); one at a time unless raised here.\n"
     "concurrency:\n  pools:\n    default_limit: 1\n",
 )
-
-
-# `covlab demo` runs the real pipeline at a size 2 CPU cores finish in a few minutes: each query's own
-# candidate pool instead of the BM25 top-100 (and MCompass pools of the same size), one estimator epoch at a
-# higher learning rate, 8 evidence chunks per query for MCompassRAG's teacher to rate.
-DEMO_CONFIG = {"ops": {
-    "bm25_pools": {"config": {"mode": "given"}},
-    "mcompass_pools": {"config": {"n": 0}},
-    "coverage_estimator": {"config": {"epochs": 1, "learning_rate": 1e-4, "max_length": 128}},
-    "coverage_biencoder": {"config": {"max_length": 128}},
-    "mcompass_teacher": {"config": {"positives": 8}},
-}}
-
-
-def covlab_home() -> Path:
-    return Path(os.environ.get("COVLAB_HOME") or Path.cwd() / ".covlab").resolve()
-
-
-def mlflow_tracking_uri(home: Path | None = None) -> str:
-    """Where covlab's MLflow tracking and registry store is: COVLAB_MLFLOW_TRACKING_URI, else the embedded
-    SQLite store `<home>/mlflow/mlflow.db` (the one `make mlflow-ui` serves)."""
-    return os.environ.get("COVLAB_MLFLOW_TRACKING_URI") or f"sqlite:///{home or covlab_home()}/mlflow/mlflow.db"
-
-
-def dataset_registry(home: Path | None = None):
-    """The registered datasets of `home` (default COVLAB_HOME): `<home>/datasets.json`."""
-    from covlab.resources.datasets import DatasetRegistry
-
-    return DatasetRegistry(registry_path=str((home or covlab_home()) / "datasets.json"))
 
 
 # In the Dagster home: held while the instance is opened (and, on first use, created and migrated).
