@@ -84,7 +84,7 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
                              "k": None if s.promotion.recorded else evaluation.k, "split": evaluation.tune_split,
                              "metric": scores[s.asset][0], "query_id": None, "value": scores[s.asset][1]}
                             for s in PROMOTED])
-    _record_k_decisions(context, tracking, models[ESTIMATOR.asset], evaluation.selector_settings())
+    _record_k_decisions(context, tracking, models[ESTIMATOR.asset], settings)
     record_report_lineage(context, {s.promotion.method: [AssetKey(s.asset)] + ([] if s.promotion.recorded
                                                                                else [AssetKey("coverage_report")])
                                     for s in PROMOTED})

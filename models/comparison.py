@@ -45,7 +45,6 @@ RATE_METRICS = tuple(str(m) for m in (RVC1, RVC2, *RANKED, IOU, REDUNDANCY, TOKE
 # Metrics of the paired statistics.
 PAIRED_METRICS = tuple(str(m) for m in (RVC1, RVC2, ALPHA_NDCG @ RANK_CUTOFF))
 ATOM_MIN_WORDS = 3  # a sentence of fewer words is not an atom of its own (models/subquestions.split_sentences)
-# How item embeddings are encoded (the budgeted selections' and the serving path's): texts per batch, tokens per text.
 
 
 def default_token_budgets(token_counts: pd.DataFrame) -> tuple[int, ...]:

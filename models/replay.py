@@ -22,6 +22,12 @@ def budget_key(budget: Budget) -> str:
     return f"{budget.unit}={budget.limit}"
 
 
+def _parsed(key: str) -> tuple[str, int]:
+    """(unit, limit) of a `budget_key`."""
+    unit, _, limit = key.partition("=")
+    return unit, int(limit)
+
+
 @dataclass(frozen=True)
 class BudgetDecision:
     """What one selection decided at one budget: `fell_back` (the estimator gate sent it to its fallback order,
@@ -58,7 +64,8 @@ class RecordedDecisions:
     @classmethod
     def of_run(cls, decisions: Mapping[int, Decision], unit: str, settings: SelectorSettings) -> RecordedDecisions:
         """The record of a run's decisions at budgets of `unit` (models/runs.py MethodRun.decisions, by limit)."""
-        return cls({f"{unit}={limit}": BudgetDecision.of(d) for limit, d in decisions.items()}, settings)
+        return cls({budget_key(Budget(**{unit: limit})): BudgetDecision.of(d) for limit, d in decisions.items()},
+                   settings)
 
     @classmethod
     def from_json(cls, text: str | None) -> RecordedDecisions:
@@ -81,15 +88,14 @@ class RecordedDecisions:
 
     def of_unit(self, unit: str) -> RecordedDecisions:
         """The decisions at the budgets of `unit` ("k" or "tokens")."""
-        return RecordedDecisions({k: d for k, d in self.budgets.items() if k.split("=")[0] == unit}, self.settings)
+        return RecordedDecisions({k: d for k, d in self.budgets.items() if _parsed(k)[0] == unit}, self.settings)
 
     def at(self, budget: Budget) -> Replayed:
         """The decision a selection at `budget` replays (module docstring)."""
         key = budget_key(budget)
         if key in self.budgets:
             return Replayed(self.budgets[key], "evaluated", key, f"the decision the evaluation took at {key}")
-        same = sorted((abs(int(k.split("=")[1]) - budget.limit), int(k.split("=")[1]), k)
-                      for k in self.of_unit(budget.unit).budgets)
+        same = sorted((abs(_parsed(k)[1] - budget.limit), _parsed(k)[1], k) for k in self.of_unit(budget.unit).budgets)
         if same:
             nearest = same[0][2]
             return Replayed(self.budgets[nearest], "nearest", nearest,

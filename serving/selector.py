@@ -28,7 +28,8 @@ from covlab.models.comparison import atom_sentences
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH
 from covlab.models.explain import Reason, explain
 from covlab.models.biencoder import coverage_anchor
-from covlab.models.registry import METHOD, Coverage, Method, PoolOrder, Role, SelectorSettings
+from covlab.models.registry import (METHOD, Coverage, Method, PoolOrder, Role, SelectorSettings, TrainedSelector,
+                                    pyfunc_selector)
 from covlab.models.registry import method as registry_method
 from covlab.models.replay import RecordedDecisions
 from covlab.models.selectors import NORM_TOLERANCE, Blend, Budget, Pool, RelevanceOrder, Selection, Selector
@@ -529,7 +530,6 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
     decisions were taken under, else the registry's defaults."""
     from covlab.models.encoders import default_base_model
     from covlab.models.tokens import TokenCounter
-    from covlab.resources.home import covlab_home
 
     try:
         entry = registry_method(method)
@@ -542,13 +542,7 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
     if needs and dataset is None:
         raise ServingError(f"dataset: {method} needs its trained {', '.join(t.asset for t in needs)} of a dataset; "
                            "name the dataset")
-    store = model_store(tracking_uri)
-    folder = Path(cache) if cache is not None else covlab_home() / "serving"
-    loaded = {t: registered_version(store, dataset, t.asset, alias, folder) for t in needs}
-    decisions = RecordedDecisions({})
-    for trained, (ref, _) in loaded.items():
-        if trained.records_decisions:
-            decisions = decisions.merged(recorded_decisions(ref, entry.name))
+    loaded, decisions = _served_versions(entry, dataset, alias, tracking_uri, cache)
     return ContextSelector(entry, settings or decisions.settings or SelectorSettings(),
                            Encoder(default_base_model(), device), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
                            models={t.role: t.load(path, device) for t, (_, path) in loaded.items()},
@@ -561,22 +555,29 @@ def pyfunc_model_config(method: str, dataset: str, alias: str = "champion", trac
     serves it: the method, the decisions the evaluation recorded, its weights' content hash, and the verified
     folders of the other trained selectors it serves by with theirs (which the pyfunc verifies again), all of
     `dataset` by `alias`; for `mlflow.pyfunc.load_model(uri, model_config=...)`."""
-    from covlab.models.registry import pyfunc_selector
+    entry = registry_method(method)
+    own = pyfunc_selector(entry.name)
+    loaded, decisions = _served_versions(entry, dataset, alias, tracking_uri, cache)
+    content_hash = loaded[own][0].tags[CONTENT_HASH_TAG]
+    models = {trained.asset: {"path": str(path), "content_hash": ref.tags[CONTENT_HASH_TAG]}
+              for trained, (ref, path) in loaded.items() if trained is not own}
+    return {"method": method, "decisions": decisions.to_json(), "content_hash": content_hash, "models": models}
+
+
+def _served_versions(entry: Method, dataset: str, alias: str, tracking_uri: str | None, cache: str | Path | None
+                     ) -> tuple[dict[TrainedSelector, tuple[ModelVersionRef, Path]], RecordedDecisions]:
+    """The verified version of each trained selector `entry` serves by (`registered_version`, files under `cache`,
+    default `<COVLAB_HOME>/serving`), and the decisions the evaluation recorded on them for `entry`."""
     from covlab.resources.home import covlab_home
 
-    own = pyfunc_selector(registry_method(method).name)
     store = model_store(tracking_uri)
     folder = Path(cache) if cache is not None else covlab_home() / "serving"
-    decisions, models, content_hash = RecordedDecisions({}), {}, None
-    for trained in registry_method(method).served_models():
-        ref, path = registered_version(store, dataset, trained.asset, alias, folder)
+    loaded = {t: registered_version(store, dataset, t.asset, alias, folder) for t in entry.served_models()}
+    decisions = RecordedDecisions({})
+    for trained, (ref, _) in loaded.items():
         if trained.records_decisions:
-            decisions = decisions.merged(recorded_decisions(ref, method))
-        if trained is own:
-            content_hash = ref.tags[CONTENT_HASH_TAG]
-        else:
-            models[trained.asset] = {"path": str(path), "content_hash": ref.tags[CONTENT_HASH_TAG]}
-    return {"method": method, "decisions": decisions.to_json(), "content_hash": content_hash, "models": models}
+            decisions = decisions.merged(recorded_decisions(ref, entry.name))
+    return loaded, decisions
 
 
 def model_store(tracking_uri: str | None = None) -> ModelStore:
