@@ -17,9 +17,10 @@ STAMP = $(VENV)/.covlab-installed
 demo: $(STAMP)  ## install if needed, then materialize every asset on the embedded demo dataset
 	$(BIN)/covlab demo
 
-# The suite on TEST_WORKERS xdist workers; tests/conftest.py groups the tests that share a module or the demo home.
+# The suite on TEST_WORKERS xdist workers; tests/conftest.py groups the tests of a module and orders the groups
+# (kept as given: --no-loadscope-reorder), docs/testing.md.
 TEST_WORKERS ?= 2
-PYTEST = $(BIN)/python -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup
+PYTEST = $(BIN)/python -m pytest -q -rs --durations=20 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: $(STAMP) chromium  ## install if needed, then run the whole test suite: every tier
 	$(PYTEST)
@@ -58,6 +59,7 @@ bench: $(STAMP)  ## the benchmarks under bench/ (figures printed and written to 
 	$(BIN)/python bench/subquestion_stability.py
 	$(BIN)/python bench/mcompass_latency.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/ingest_stream.py
 
 install: $(STAMP)
 

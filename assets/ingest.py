@@ -31,11 +31,14 @@ def dataset_tables(context: AssetExecutionContext, datasets: DatasetRegistry):
     table is stored; the checks then report what the tables still get wrong for the pipeline."""
     entry = datasets.entries()[context.partition_key]
     ds = datasets.load(context.partition_key)
+    # The registry entry's options (a table's column mapping, CRUX's rating threshold) only where it has some: the
+    # record of every other dataset stays as it was. `covlab reproduce` re-registers the dataset from this record.
+    options = {"options": MetadataValue.json(entry["options"])} if entry.get("options") else {}
     for name in TABLES:
         frame = ds.table(name)
         yield content_output(frame, output_name=name, metadata={
             "rows": len(frame), "format": entry["format"], "path": entry["path"] or GENERATED_PATH,
-            "source_files": MetadataValue.json(ds.source_hashes),
+            **options, "source_files": MetadataValue.json(ds.source_hashes),
         })
     for name in TABLES:
         problems = table_problems(ds, name)

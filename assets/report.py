@@ -11,7 +11,7 @@ from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS
 from covlab.assets.reporting import Publication, leaderboard_entries, publish_report, require_same_settings
 from covlab.models.leaderboard import board, leaderboard
-from covlab.models.metrics import ALPHA_NDCG, STRECALL
+from covlab.models.metrics import ALPHA_NDCG, STRECALL, vital_nuggets
 from covlab.models.plots import interval_chart, markdown_image, method_intervals
 from covlab.models.registry import Report, methods
 from covlab.models.report import PAPER_TABLE1, evaluate_selections, paired_against, report_figures, table1
@@ -31,15 +31,17 @@ class ReportConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name="reports", code_version=REPORT_CODE_VERSION,
-       ins=SELECTIONS | {"nugget_links": AssetIn(), "qrels": AssetIn(), "queries": AssetIn()},
+       ins=SELECTIONS | {"nuggets": AssetIn(), "nugget_links": AssetIn(), "qrels": AssetIn(), "queries": AssetIn()},
        kinds={"python", "parquet"}, owners=OWNERS)
 def coverage_report(context: AssetExecutionContext, config: ReportConfig, evaluation: EvaluationResource,
                     results: ResultsStore, artifacts: ArtifactStore, **inputs):
     """alpha-nDCG@k, StRecall@k, P@k, nDCG@k of every selection, per query (method, query_id, split,
-    metric, value); Table 1 and paired statistics in the metadata; rows in the results store, written last."""
+    metric, value), and vital-only StRecall@k where the dataset's nuggets are graded vital or okay; Table 1 and
+    paired statistics in the metadata; rows in the results store, written last."""
     require_same_settings(context, evaluation)
     queries, nugget_links, qrels = inputs.pop("queries"), inputs.pop("nugget_links"), inputs.pop("qrels")
-    per_query = evaluate_selections(inputs, nugget_links, qrels, queries, evaluation.k, evaluation.alpha)
+    vital = vital_nuggets(inputs.pop("nuggets"))
+    per_query = evaluate_selections(inputs, nugget_links, qrels, queries, evaluation.k, evaluation.alpha, vital)
     table = table1(per_query, evaluation.report_split)
     metric = str(ALPHA_NDCG @ evaluation.k)
     paired = paired_against(per_query, evaluation.report_split, metric, config.baseline, config.seed)

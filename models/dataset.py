@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from covlab.models.schemas import (CANDIDATES, CORPUS, DatasetError, NUGGET_LINKS, NUGGETS, QRELS, QUERIES, SPLITS,
-                                   Schema)
+from covlab.models.schemas import (CANDIDATES, CORPUS, DatasetError, NUGGET_IMPORTANCE, NUGGET_LINKS, NUGGETS, QRELS,
+                                   QUERIES, SPLITS, Schema)
 
 TABLES: dict[str, Schema] = {s.name: s for s in (CORPUS, QUERIES, NUGGETS, NUGGET_LINKS, QRELS, CANDIDATES)}
 EVALUATED_SPLITS = ("dev", "test")
@@ -100,8 +100,8 @@ def _oversized_text(frame: pd.DataFrame, column: str, origin: Origin) -> list[st
 
 def table_problems(ds: Dataset, name: str, coverage: bool = True) -> list[str]:
     """Every integrity problem of one table: ids unique, references resolve, texts non-empty, documents
-    within MAX_DOCUMENT_CHARS, and (with `coverage`) every evaluated query has a nugget, which only the
-    coverage pipeline needs."""
+    within MAX_DOCUMENT_CHARS, a nugget's importance (where nuggets have one) one of NUGGET_IMPORTANCE, and (with
+    `coverage`) every evaluated query has a nugget, which only the coverage pipeline needs."""
     frame, origin, schema = ds.table(name), ds.origin(name), TABLES[name]
     problems = _duplicates(frame, schema.key, origin)
     if name == "corpus":
@@ -115,6 +115,9 @@ def table_problems(ds: Dataset, name: str, coverage: bool = True) -> list[str]:
     elif name == "nuggets":
         problems += _empty_text(frame, "text", origin)
         problems += _dangling(frame, ["query_id"], ds.queries, "queries", origin)
+        if "importance" in frame.columns:  # optional: only datasets whose nuggets are graded have it
+            problems += [f"{origin.at(i)}: importance {frame.loc[i, 'importance']!r} is not one of {NUGGET_IMPORTANCE}"
+                         for i in frame.index[~frame["importance"].isin(NUGGET_IMPORTANCE)]]
         if coverage:
             problems += _queries_without_nuggets(ds, origin)
     elif name == "nugget_links":

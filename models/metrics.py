@@ -1,5 +1,6 @@
 """Evaluation of selection runs with ir_measures only (METHODS.md §5): alpha-nDCG@k and StRecall@k from
-ndeval (pyndeval provider) over per-nugget diversity qrels, P@k and nDCG@k from pytrec_eval over
+ndeval (pyndeval provider) over per-nugget diversity qrels, and for datasets whose nuggets are graded vital or okay
+(TREC RAG 2024) StRecall@k over the vital nuggets alone; P@k and nDCG@k from pytrec_eval over
 one-judgment-per-document qrels; and the calibration of coverage probabilities against 0/1 labels (Brier
 score, expected calibration error), as the estimator's training and checks report it.
 
@@ -50,6 +51,8 @@ class Measure:
 
 ALPHA_NDCG = Measure("alpha_ndcg", description="alpha-nDCG (Clarke et al. 2008; ndeval's greedy ideal), METHODS.md §5")
 STRECALL = Measure("strecall", description="subtopic recall: covered nuggets / nuggets with a relevant document")
+VITAL_STRECALL = Measure("vital_strecall", description="subtopic recall over the vital nuggets only (TREC RAG 2024's "
+                         "vital score): covered vital nuggets / vital nuggets with a relevant document")
 PRECISION = Measure("p", description="precision over the document judgments (pytrec_eval)")
 NDCG = Measure("ndcg", description="nDCG over the document judgments (pytrec_eval)")
 RVC1 = Measure("rvc1", description="share of viewpoints with at least one selected supporting item (METHODS.md §2)")
@@ -84,11 +87,21 @@ def binary_qrels(qrels: pd.DataFrame) -> list[ir_measures.Qrel]:
             qrels[["query_id", "doc_id", "relevance"]].itertuples(index=False)]
 
 
+def vital_nuggets(nuggets: pd.DataFrame) -> set[tuple[str, str]] | None:
+    """(query_id, nugget_id) of every nugget graded vital; None when the nuggets carry no importance (the optional
+    column of models/schemas.py NUGGETS), which leaves the vital-only measure out."""
+    if "importance" not in nuggets.columns:
+        return None
+    vital = nuggets[nuggets["importance"] == "vital"]
+    return set(zip(vital["query_id"].astype(str), vital["nugget_id"].astype(str)))
+
+
 def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFrame, k: int = 10,
-                 alpha: float = 0.5) -> pd.DataFrame:
+                 alpha: float = 0.5, vital: set[tuple[str, str]] | None = None) -> pd.DataFrame:
     """PER_QUERY_METRICS for a run (query_id, doc_id, rank; rank 1 first): alpha_ndcg@k and strecall@k
-    (ndeval, alpha as given), p@k and ndcg@k (pytrec_eval). Every query of the run gets every metric;
-    judgments of queries outside the run are ignored."""
+    (ndeval, alpha as given), p@k and ndcg@k (pytrec_eval), and with `vital` ((query_id, nugget_id) of the vital
+    nuggets, `vital_nuggets`) vital_strecall@k: StRecall over the links of those nuggets alone. Every query of the
+    run gets every metric; judgments of queries outside the run are ignored."""
     if not 1 <= k <= NDEVAL_MAX_CUTOFF:
         raise ValueError(f"k must be between 1 and {NDEVAL_MAX_CUTOFF} (ndeval's cutoff limit); got {k}")
     if not 0 <= alpha <= 1:
@@ -104,6 +117,9 @@ def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFr
         str(PRECISION @ k): (P @ k, binary_qrels(judged)),
         str(NDCG @ k): (nDCG @ k, binary_qrels(judged)),
     }
+    if vital is not None:
+        nuggets = pd.MultiIndex.from_arrays([links["query_id"].astype(str), links["nugget_id"].astype(str)])
+        measures[str(VITAL_STRECALL @ k)] = (StRecall @ k, diversity_qrels(links[nuggets.isin(list(vital))]))
     rows = []
     for name, (measure, measure_qrels) in measures.items():
         values = ({m.query_id: m.value for m in ir_measures.iter_calc([measure], measure_qrels, scored)}

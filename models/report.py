@@ -24,10 +24,12 @@ PAPER_TABLE1 = {  # alpha-nDCG@10 / StRecall@10 on TREC RAG 2024, for orientatio
 
 
 def evaluate_selections(selections: dict[str, pd.DataFrame], nugget_links: pd.DataFrame, qrels: pd.DataFrame,
-                        queries: pd.DataFrame, k: int, alpha: float) -> pd.DataFrame:
-    """(method, query_id, split, metric, value) for every selection run."""
+                        queries: pd.DataFrame, k: int, alpha: float,
+                        vital: set[tuple[str, str]] | None = None) -> pd.DataFrame:
+    """(method, query_id, split, metric, value) for every selection run; with `vital` (the vital nuggets of a
+    dataset whose nuggets are graded, models/metrics.py vital_nuggets) vital_strecall@k too."""
     split_of = dict(zip(queries["query_id"], queries["split"]))
-    frames = [evaluate_run(run, nugget_links, qrels, k=k, alpha=alpha).assign(method=method)
+    frames = [evaluate_run(run, nugget_links, qrels, k=k, alpha=alpha, vital=vital).assign(method=method)
               for method, run in sorted(selections.items())]
     table = pd.concat(frames, ignore_index=True)
     table["split"] = table["query_id"].map(split_of)

@@ -15,26 +15,31 @@ import pandas as pd
 @dataclass(frozen=True)
 class Schema:
     """A table's columns (name -> dtype, in order) and key. `defaults` names optional columns: a table
-    without one of them gets it as a copy of the named column (queries without a topic are their own topic)."""
+    without one of them gets it as a copy of the named column (queries without a topic are their own topic).
+    `optional` columns (name -> dtype) are kept, after the declared ones, when a table has them and never added
+    to a table without them (nuggets graded vital or okay: only the formats that grade them have the column)."""
     name: str
     columns: dict[str, str]
     key: tuple[str, ...] = ()
     defaults: dict[str, str] = field(default_factory=dict)
     descriptions: dict[str, str] = field(default_factory=dict)  # column -> what it holds (the UI's column schema)
+    optional: dict[str, str] = field(default_factory=dict)
 
     def empty(self) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in self.columns.items()})
 
     def conform(self, frame: pd.DataFrame, source: str = "table") -> pd.DataFrame:
-        """`frame` with exactly this schema's columns, in order and dtype; DatasetError names what is off."""
+        """`frame` with exactly this schema's columns, and those of its `optional` columns it has, in order and
+        dtype; DatasetError names what is off."""
         frame = frame.assign(**{c: frame[source] for c, source in self.defaults.items()
                                 if c not in frame.columns and source in frame.columns})
         missing = [c for c in self.columns if c not in frame.columns]
         if missing:
             raise DatasetError(f"{source}: {self.name} is missing column(s) {missing}; "
                               f"expected columns {list(self.columns)}")
-        out = frame.loc[:, list(self.columns)].copy()
-        for column, dtype in self.columns.items():
+        kept = {**self.columns, **{c: t for c, t in self.optional.items() if c in frame.columns}}
+        out = frame.loc[:, list(kept)].copy()
+        for column, dtype in kept.items():
             try:
                 out[column] = _cast(out[column], dtype)
             except (ValueError, TypeError) as exc:
@@ -85,8 +90,13 @@ def document_text(title: str, text: str) -> str:
 # topic: what topic-grouped cross-validation groups by (ArgKP: a topic's two stances); default the query itself.
 QUERIES = Schema("queries", {"query_id": "string", "text": "string", "split": "string", "topic": "string"},
                  key=("query_id",), defaults={"topic": "query_id"})
+# What NIST's assessors grade a TREC RAG nugget: vital (an answer must have it) or okay (good to have).
+NUGGET_IMPORTANCE = ("vital", "okay")
+# importance (one of NUGGET_IMPORTANCE): only the nuggets of formats that grade them have it (trec-rag24), and only
+# they get the vital-only measure (models/metrics.py VITAL_STRECALL). Not in the asset's declared column schema,
+# which every dataset's stored table matches.
 NUGGETS = Schema("nuggets", {"query_id": "string", "nugget_id": "string", "text": "string"},
-                 key=("query_id", "nugget_id"))
+                 key=("query_id", "nugget_id"), optional={"importance": "string"})
 NUGGET_LINKS = Schema("nugget_links", {"query_id": "string", "doc_id": "string", "nugget_id": "string",
                                        "grade": "int64"}, key=("query_id", "doc_id", "nugget_id"))
 QRELS = Schema("qrels", {"query_id": "string", "doc_id": "string", "relevance": "int64"},

@@ -5,10 +5,11 @@ loaded, on the first count, not at import or construction time."""
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
+
+from covlab.models.lru import BoundedLRU
 
 # What one cached count holds besides its text's own bytes (sys.getsizeof): the ordered dict's entry and the int.
 CACHE_ENTRY_BYTES = 120
@@ -33,8 +34,11 @@ class TokenCounter:
         self.tokenizer_name_or_path = tokenizer_name_or_path
         self.max_cached_bytes = max_cached_bytes
         self._tokenizer = None
-        self._counts: OrderedDict[str, int] = OrderedDict()  # least recently counted first
-        self.cached_bytes = 0
+        self._counts: BoundedLRU[str, int] = BoundedLRU(max_cached_bytes)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._counts.nbytes
 
     @property
     def tokenizer(self):
@@ -61,8 +65,8 @@ class TokenCounter:
                 raise TypeError(f"count takes texts (str); the item at position {position} is a "
                                 f"{type(text).__name__}")
         distinct = list(dict.fromkeys(texts))
-        unseen = [text for text in distinct if text not in self._counts]
-        counts = {text: self._counts[text] for text in distinct if text in self._counts}
+        counts = {text: count for text in distinct if (count := self._counts.get(text)) is not None}
+        unseen = [text for text in distinct if text not in counts]
         if unseen:
             # One batched call over the distinct uncached texts. verbose=False silences the "sequence length
             # is longer than the specified maximum" warning: these ids only get counted, never fed to a model.
@@ -77,11 +81,4 @@ class TokenCounter:
         """The call's counts cached as the most recent, then the least recent dropped while the cache is over
         `max_cached_bytes` (this call's too, when they alone are over it)."""
         for text in distinct:
-            if text in self._counts:
-                self._counts.move_to_end(text)
-            else:
-                self._counts[text] = counts[text]
-                self.cached_bytes += sys.getsizeof(text) + CACHE_ENTRY_BYTES
-        while self.max_cached_bytes is not None and self.cached_bytes > self.max_cached_bytes:
-            text, _ = self._counts.popitem(last=False)
-            self.cached_bytes -= sys.getsizeof(text) + CACHE_ENTRY_BYTES
+            self._counts.put(text, counts[text], sys.getsizeof(text) + CACHE_ENTRY_BYTES)

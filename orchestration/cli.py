@@ -2,9 +2,10 @@
 
     covlab demo                                    # every asset on the embedded demo dataset
     covlab dataset add NAME --format F --path P    # register a dataset (a new partition)
-    covlab dataset list
+        [--columns FIELD=COLUMN,...] [--rating-threshold R]   # options of --format table, crux
+    covlab dataset list                            # name, format, path, and options as dataset add flags
     covlab dataset generate longdoc --out DIR [--profile small|full] [--seed N]   # write a generated dataset
-    covlab materialize --dataset NAME [--select KEY ...] [--config run_config.yaml]
+    covlab materialize --dataset NAME [--select SELECTION ...] [--config run_config.yaml]   # +KEY: with its upstreams
     covlab audit --dataset NAME --method M --metric alpha_ndcg@10 [--split test] [--budget k=10|tokens=256]
     covlab audit --value 0.702 [--tolerance 5e-4] [--all] [--full] [--json]   # a number's branch and its cost
     covlab audit --help                            # also lists the methods, metrics, splits in the results store
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
 import textwrap
 import time
@@ -62,24 +64,39 @@ def _registry():
     return dataset_registry()  # the one default_resources holds, without importing every asset
 
 
-def dataset_add(name: str, fmt: str, path: str | None, replace: bool = False) -> None:
+def dataset_add(name: str, fmt: str, path: str | None, replace: bool = False, columns: str | None = None,
+                rating_threshold: int | None = None) -> None:
+    """Read the dataset, then register it with its options: --columns (format table) as {covlab field: column},
+    --rating-threshold (format crux); an option not given is left out of the entry."""
     from covlab.orchestration.instance import instance_lock, open_instance
     from covlab.resources.datasets import read_dataset
+    from covlab.resources.table_format import parse_columns
 
-    dataset = read_dataset(name, fmt, path)  # refuse a bad name or a dataset that does not read cleanly
+    options = {"columns": parse_columns(columns) if columns is not None else None,
+               "rating_threshold": rating_threshold}
+    options = {key: value for key, value in options.items() if value is not None}
+    dataset = read_dataset(name, fmt, path, options)  # refuse a bad name or a dataset that does not read cleanly
     registry = _registry()
     with instance_lock() as home:  # the registry and the partitions change together
         instance = open_instance(home)  # first: an instance that cannot be opened leaves the registry alone
-        entry = registry.register(name, fmt, path, replace=replace)
+        entry = registry.register(name, fmt, path, replace=replace, options=options)
         _add_partitions(instance, registry.entries())
     print(f"registered {name!r} ({entry['format']}, {entry['path']}): {len(dataset.queries)} queries, "
           f"{len(dataset.corpus)} documents, {len(dataset.nuggets)} nuggets")
 
 
+def option_flags(options: dict) -> str:
+    """A dataset's registered options as the `covlab dataset add` flags that give them: `--columns
+    query_id=qid,... --rating-threshold 3`."""
+    flags = []
+    for name, value in sorted(options.items()):
+        text = ",".join(f"{field}={column}" for field, column in value.items()) if isinstance(value, dict) else value
+        flags += [f"--{name.replace('_', '-')}", shlex.quote(str(text))]
+    return " ".join(flags)
+
+
 def dataset_generate(generator: str, out: str, profile: str, seed: int) -> None:
     """Write a generated dataset (resources/longdoc_dataset.py) in the covlab layout, then say how to add it."""
-    import shlex
-
     from covlab.resources.longdoc_dataset import write_longdoc
 
     try:
@@ -90,14 +107,136 @@ def dataset_generate(generator: str, out: str, profile: str, seed: int) -> None:
     print(f"next: covlab dataset add {generator} --format covlab --path {shlex.quote(str(folder))}")
 
 
-def materialize(dataset: str, select: list[str] | None, config: dict | None, instance=None,
+# One token of a `--select` value: a quoted string, an attribute filter (`key:`, `group:`, `tag:"k"="v"`, ...), a
+# word (an asset name, an operator, or a function when followed by "("), or any other character.
+_SELECT_TOKEN = (r'"[^"]*"|[A-Za-z_]\w*:(?:"[^"]*"|[^\s()"]*)(?:=(?:"[^"]*"|[^\s()"]*))?'
+                 r'|(?P<word>[A-Za-z_][\w/]*)(?P<call>\()?|.')
+SELECT_SYNTAX = ("an asset key, +KEY (with all its upstreams), KEY+ (with all its downstreams), key:PATTERN, "
+                 "group:NAME, kind:NAME, tag:KEY[=VALUE], owner:NAME, combined with and, or, not and parentheses")
+
+
+def _select_tokens(value: str):
+    """(token, bare name or None) for each token of a `--select` value: a bare name is a word that is neither an
+    operator (and, or, not) nor a function (sinks(...), roots(...))."""
+    import re
+
+    for match in re.finditer(_SELECT_TOKEN, value, re.S):
+        word = match.group("word")
+        bare = word if word and not match.group("call") and word.lower() not in ("and", "or", "not") else None
+        yield match.group(0), bare
+
+
+def _select_one(value, assets) -> set:
+    """The asset keys that one `--select` value names. A bare name is read as `key:"name"`, so that `+x` and `x+`
+    are all of x's upstreams and downstreams as in Dagster's selection syntax (Dagster's own parser reads a bare
+    `+x` in its older op syntax: one layer per `+`); where that rewrite does not parse, the value as written
+    (the older `*x`, `++x`). UsageError for a value Dagster cannot parse, resolve, or that names no asset."""
+    import warnings
+
+    from dagster import AssetKey, AssetSelection, BetaWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)  # Dagster's parser passes its beta include_sources along
+        if isinstance(value, AssetKey):
+            selections = [AssetSelection.assets(value)]
+        else:
+            rewritten = "".join(f'key:"{bare}"' if bare else token for token, bare in _select_tokens(value))
+            selections = []
+            for text in dict.fromkeys([rewritten, value]):
+                try:
+                    selections.append(AssetSelection.from_string(text))
+                except Exception as exc:  # Dagster's DagsterInvalidAssetSelectionError, not exported
+                    error = exc
+            if not selections:
+                raise UsageError(f"--select {value!r}: Dagster cannot parse it ({' '.join(str(error).split())}); "
+                                 f"expected {SELECT_SYNTAX}")
+        try:
+            keys = set(selections[0].resolve(assets, allow_missing=True))
+        except Exception as exc:  # status:, column:, code_location: need the webserver's view of the instance
+            reason = " ".join(str(exc).split()) or "a filter this Dagster resolves only in its UI"
+            raise UsageError(f"--select {value!r}: Dagster cannot resolve it against covlab's asset graph "
+                             f"({type(exc).__name__}: {reason}); expected {SELECT_SYNTAX}") from None
+    if not keys:
+        raise UsageError(_names_nothing(value, assets))
+    return keys
+
+
+def _names_nothing(value, assets) -> str:
+    """Why the `--select` value `value` names no asset: each of its filters that matches nothing, with the values
+    there are and the nearest to what was written."""
+    import difflib
+    import re
+    import warnings
+
+    from dagster import AssetSelection, BetaWarning
+
+    specs = [a.get_asset_spec(key) for a in assets for key in a.keys]
+    known = {"key": sorted(s.key.to_user_string() for s in specs),
+             "group": sorted({s.group_name for s in specs if s.group_name}),
+             "kind": sorted({kind for s in specs for kind in s.kinds}),
+             "owner": sorted({owner for s in specs for owner in s.owners}),
+             "tag": sorted({f"{k}={v}" if v else k for s in specs for k, v in s.tags.items()
+                            if not k.startswith("dagster/")})}
+    text = value.to_user_string() if not isinstance(value, str) else value
+    filters = [(f'key:"{bare}"', "key", bare) if bare else (token, *token.split(":", 1))
+               for token, bare in _select_tokens(text) if bare or (":" in token and not token.startswith('"'))]
+    missing = []
+    for token, attr, written in filters:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", BetaWarning)
+            try:
+                if AssetSelection.from_string(token).resolve(assets, allow_missing=True):
+                    continue
+            except Exception:
+                pass
+        missing.append((attr, re.sub(r"\+\d*$", "", written.replace('"', ""))))  # key:x+ names x
+    if not missing:
+        return f"--select {text!r}: names no asset (each of its filters matches some, together they match none)"
+    reasons = []
+    for attr, written in missing:
+        near = difflib.get_close_matches(written, known.get(attr, []), n=3, cutoff=0.6)
+        hint = f"; nearest to {written!r}: {', '.join(near)}" if near else ""
+        if attr == "key":
+            reasons.append(f"no such asset; expected asset keys among {', '.join(known['key'])}{hint}")
+        elif attr in known:
+            reasons.append(f"no {attr} {written!r}; the {attr}s are {', '.join(known[attr]) or '(none)'}{hint}")
+        else:
+            reasons.append(f"{attr}:{written} matches no asset")
+    return f"--select {text!r}: " + "; ".join(dict.fromkeys(reasons))
+
+
+def select_assets(select, assets=None) -> tuple[set, list[str]]:
+    """The asset keys that the `--select` values name, all of them together, each value in Dagster's asset
+    selection syntax (SELECT_SYNTAX; plain keys as before) or an AssetKey; and, for each multi-asset that builds
+    its keys in one step (dataset_tables, chunks) of which they name only some, the line saying it was widened
+    to all of them. UsageError for a value that does not parse, or names no asset."""
+    from dagster import AssetKey
+
+    if assets is None:
+        from covlab.orchestration.definitions import ASSETS as assets
+    if isinstance(select, (str, AssetKey)):
+        select = [select]
+    keys = set().union(*(_select_one(value, assets) for value in select))
+    notes = []
+    for definition in assets:
+        missing = definition.keys - keys
+        if not definition.can_subset and missing and keys & definition.keys:
+            keys |= missing
+            together, added = (", ".join(sorted(k.to_user_string() for k in ks)) for ks in (definition.keys, missing))
+            notes.append(f"{definition.node_def.name} builds {together} in one step: added {added}")
+    return keys, notes
+
+
+def materialize(dataset: str, select: list | None, config: dict | None, instance=None,
                 raise_on_error: bool = True, run_id: str | None = None):
     """Run the selected assets (default: all) of one dataset partition in this process (as run `run_id`, when
     given), first marking failed the runs that died and freeing their pool slots (orchestration/concurrency.py:
     pool_slots_guard), and removing the run-versioned artifact folders of runs that did not succeed. Dagster's
     `materialize`, with covlab's console logger (orchestration/console.py: a line per finished step) in place of
-    Dagster's; resource settings in `config` are laid over the configured ones (with_resource_settings)."""
-    from dagster import AssetKey, Definitions, define_asset_job
+    Dagster's; resource settings in `config` are laid over the configured ones (with_resource_settings).
+    `select`: Dagster asset selection strings or AssetKeys (select_assets); every selected asset is built, an
+    upstream already materialized for `dataset` too."""
+    from dagster import Definitions, define_asset_job
 
     from covlab.assets.partitions import DATASETS
     from covlab.models.dataset import check_dataset_name
@@ -106,12 +245,17 @@ def materialize(dataset: str, select: list[str] | None, config: dict | None, ins
     from covlab.orchestration.definitions import ASSETS, default_resources, with_resource_settings
 
     check_dataset_name(dataset)
+    selection = None
+    if select:
+        keys, notes = select_assets(select, ASSETS)
+        for note in notes:
+            print(f"covlab: {note}")
+        selection = sorted(keys, key=lambda key: key.to_user_string())
     instance = instance or _instance()
     if dataset not in _registry().entries():
         raise SystemExit(f"dataset {dataset!r} is not registered; run `covlab dataset add {dataset} ...` first")
     if not instance.has_dynamic_partition(DATASETS.name, dataset):  # an instance the caller opened
         instance.add_dynamic_partitions(DATASETS.name, [dataset])
-    selection = [AssetKey.from_user_string(s) for s in select] if select else None
     resources = default_resources()
     refuse_config_of_configless_ops(config or {}, ASSETS, resources)
     run_config = with_resource_settings(resources, {"loggers": {"console": {"config": {"log_level": "INFO"}}},
@@ -481,24 +625,6 @@ def _check_args(args) -> None:
             wrong = "negative" if args.tolerance < 0 else "not a finite number"
             raise UsageError(f"--tolerance {args.tolerance}: {wrong}; expected a finite number >= 0, e.g. 5e-4")
         _budget(args.budget)
-    if args.command == "materialize" and args.select:
-        from dagster import AssetKey
-
-        from covlab.orchestration.definitions import ASSETS
-
-        known = {key for assets in ASSETS for key in assets.keys}
-        selected = {AssetKey.from_user_string(s) for s in args.select}
-        unknown = [s for s in args.select if AssetKey.from_user_string(s) not in known]
-        if unknown:
-            raise UsageError(f"--select {', '.join(map(repr, unknown))}: no such asset; expected asset keys among "
-                             f"{', '.join(sorted(k.to_user_string() for k in known))}")
-        # A multi-asset that cannot be subset (dataset_tables) builds all of its keys or none.
-        for assets in ASSETS:
-            missing = sorted(k.to_user_string() for k in assets.keys - selected)
-            if not assets.can_subset and missing and selected & assets.keys:
-                together = ", ".join(sorted(k.to_user_string() for k in assets.keys))
-                raise UsageError(f"--select: {assets.node_def.name} builds {together} in one step; expected all of "
-                                 f"them (add {', '.join(missing)})")
 
 
 def read_run_config(path: str) -> dict:
@@ -663,8 +789,15 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("--format", required=True, choices=FORMATS)
     add.add_argument("--path", help="file or folder of the dataset (not needed for demo)")
     add.add_argument("--replace", action="store_true",
-                     help="re-point an already registered name at another format or path")
-    data.add_parser("list", help="registered datasets")
+                     help="re-point an already registered name at another format, path or options")
+    add.add_argument("--columns", metavar="FIELD=COLUMN,...",
+                     help="--format table: the file's column of each covlab field, e.g. query_id=qid,text=question,"
+                          "doc_id=pid,passage=body[,nugget=facet,split=fold,...] (docs/datasets.md)")
+    add.add_argument("--rating-threshold", type=int, metavar="R",
+                     help="--format crux: the lowest judge rating (1-5) that links a passage to a subquestion "
+                          "(default 4)")
+    data.add_parser("list", help="registered datasets: name, format, path and, where a dataset has some, its "
+                                 "options as the dataset add flags that give them")
     generate = data.add_parser("generate", help="write a generated dataset in the covlab layout")
     generate.add_argument("generator", choices=["longdoc"],
                           help="longdoc: long-document QA over 150-300-token chunks (resources/longdoc_dataset.py)")
@@ -674,7 +807,15 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--seed", type=int, default=7, help="generator seed (default 7)")
     run = commands.add_parser("materialize", help="materialize assets of one dataset partition")
     run.add_argument("--dataset", required=True)
-    run.add_argument("--select", nargs="*", help="asset keys (default: all)")
+    run.add_argument("--select", nargs="*", metavar="SELECTION",
+                     help="what to build (default: every asset), in Dagster's asset selection syntax, several "
+                          "values together: an asset key; +KEY: the key and all its upstreams; KEY+: the key and all "
+                          "its downstreams (2+KEY, KEY+1: that many layers); key:PATTERN (key:budgeted_*); group:NAME; "
+                          "kind:NAME; tag:KEY=VALUE; owner:NAME; combined with and, or, not, parentheses (quote "
+                          "them for the shell: '+bm25_pools and not group:ingest'). Every selected asset is "
+                          "rebuilt, an upstream already materialized for the dataset too: KEY alone reads its "
+                          "upstreams as stored, +KEY rebuilds them. A multi-asset that builds its outputs in one "
+                          "step (dataset_tables, chunks) is widened to all of them")
     run.add_argument("--config", help="YAML run config (ops: <asset>: config: ...)")
     audit = commands.add_parser(
         "audit", help="the exact lineage of a reported number, and what it cost", add_help=False,
@@ -742,7 +883,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_args(args)
         if args.command == "dataset" and args.action == "add":
-            dataset_add(args.name, args.format, args.path, args.replace)
+            dataset_add(args.name, args.format, args.path, args.replace, args.columns, args.rating_threshold)
         elif args.command == "dataset" and args.action == "generate":
             dataset_generate(args.generator, args.out, args.profile, args.seed)
         elif args.command == "audit":
@@ -757,9 +898,17 @@ def main(argv: list[str] | None = None) -> int:
             print(methods_help())
         elif args.command == "dataset":
             for name, entry in _registry().entries().items():
-                print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}")
+                options = entry.get("options")
+                print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}"
+                      + (f"\t{option_flags(options)}" if options else ""))
         else:
             dataset = "demo" if args.command == "demo" else args.dataset
+            select = getattr(args, "select", None)
+            if select:  # resolved before the instance opens: a selection that names nothing refuses first
+                keys, notes = select_assets(select)
+                for note in notes:
+                    print(f"covlab: {note}")
+                select = sorted(keys, key=lambda key: key.to_user_string())
             config = read_run_config(args.config) if getattr(args, "config", None) else None
             if args.command == "demo":
                 from covlab.orchestration.definitions import DEMO_CONFIG
@@ -768,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
             instance = _instance()
             start, run_id = time.perf_counter(), str(uuid.uuid4())
             try:
-                result = materialize(dataset, getattr(args, "select", None), config, instance, run_id=run_id)
+                result = materialize(dataset, select, config, instance, run_id=run_id)
             except (DagsterInvalidConfigError, DatasetError, UsageError, SystemExit):
                 raise
             except Exception as exc:

@@ -6,8 +6,9 @@ From the lineage of the report materialization behind the figure (resources/line
   unless `allow_dirty`, which rebuilds with this checkout as it is and says so. The rebuild runs in this
   checkout when it is that commit and clean, else in a git worktree of the commit.
 - the config: each node's op config as its run was given it (the Dagster run's run config);
-- the dataset: the ingest node's registered format and path, each source file checked against the SHA-256
-  recorded at ingest (refused, naming the file, when one changed).
+- the dataset: the ingest node's registered format, path and options (a table's column mapping, CRUX's rating
+  threshold; recorded only for a dataset that has some), each source file checked against the SHA-256 recorded at
+  ingest (refused, naming the file, when one changed).
 The rebuild materializes those assets in a scratch COVLAB_HOME (its own Dagster instance, storage, MLflow
 and results store) in a subprocess, like `covlab materialize`. Then, in dependency order, each node's
 content version in the scratch instance is compared with the recorded one: the version its consumer read
@@ -33,7 +34,8 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from covlab.models.versions import value_differences
-from covlab.resources.datasets import GENERATED_PATH, source_file_changes
+from covlab.resources.datasets import GENERATED_PATH, DatasetRegistry, source_file_changes
+from covlab.resources.home import dataset_registry
 from covlab.resources.io_manager import read_stored
 from covlab.resources.lineage import LineageNode, audit_materialization, disk_changes
 from covlab.resources.materializations import (DATA_VERSION_TAG, latest_materialization, materialization_by_id,
@@ -42,7 +44,7 @@ from covlab.resources.source import (PACKAGE_ROOT, SOURCE_METADATA, SourceError,
                                      remove_worktree)
 from covlab.resources.model_store import WEIGHTS_METADATA
 
-INGEST_FORMAT, INGEST_PATH, INGEST_FILES = "format", "path", "source_files"
+INGEST_FORMAT, INGEST_PATH, INGEST_OPTIONS, INGEST_FILES = "format", "path", "options", "source_files"
 FIGURE_KEYS = ("dataset", "method", "budget", "k", "split", "metric", "query_id")
 
 
@@ -190,7 +192,9 @@ def plan(instance: DagsterInstance, figure: dict, allow_dirty: bool = False) -> 
 
 
 def _dataset(nodes: list[LineageNode], records: dict, partition: str) -> dict:
-    """The ingest record of the partition (format, path, source files), each file checked against its SHA-256."""
+    """The ingest record of the partition (format, path, options, source files), each file checked against its
+    SHA-256; options {} when the record has none (a dataset without options, or one ingested before they were
+    recorded)."""
     for node in nodes:
         metadata = records[node.storage_id].asset_materialization.metadata
         if INGEST_FILES in metadata and INGEST_FORMAT in metadata:
@@ -199,9 +203,17 @@ def _dataset(nodes: list[LineageNode], records: dict, partition: str) -> dict:
             changes = source_file_changes(path, files)
             if changes:
                 raise ReproduceRefused(changes[0])
+            options = metadata_value(metadata[INGEST_OPTIONS]) if INGEST_OPTIONS in metadata else None
             return {"name": partition, "format": fmt, "path": None if path == GENERATED_PATH else path,
-                    "files": files}
+                    "options": options or {}, "files": files}
     raise ReproduceRefused(f"no ingest materialization in the lineage of partition {partition!r}")
+
+
+def register_dataset(registry: DatasetRegistry, dataset: dict) -> None:
+    """Register the planned dataset (`_dataset`) in the scratch home's `registry` as its ingest recorded it: format,
+    path and options; the demo is always registered."""
+    if dataset["format"] != "demo":
+        registry.register(dataset["name"], dataset["format"], dataset["path"], options=dataset.get("options"))
 
 
 def _source_tree(plan: Plan, scratch: Path, allow_dirty: bool) -> tuple[Path | None, str]:
@@ -222,12 +234,9 @@ def _source_tree(plan: Plan, scratch: Path, allow_dirty: bool) -> tuple[Path | N
 def rebuild(plan: Plan, scratch: Path, allow_dirty: bool = False) -> tuple[str, float]:
     """Materialize the plan's assets in a scratch COVLAB_HOME in a subprocess; (where the source came from,
     wall seconds). RuntimeError with the log's tail when the run fails."""
-    from covlab.orchestration.definitions import default_resources
-
     scratch.mkdir(parents=True, exist_ok=True)
     dataset = plan.dataset
-    if dataset["format"] != "demo":
-        default_resources(scratch)["datasets"].register(dataset["name"], dataset["format"], dataset["path"])
+    register_dataset(dataset_registry(scratch), dataset)
     config = scratch / "run_config.yaml"
     config.write_text(yaml.safe_dump({"ops": plan.op_config}, sort_keys=True))
     pythonpath, built_in = _source_tree(plan, scratch, allow_dirty)

@@ -8,7 +8,14 @@ Formats:
   from optional nuggets.jsonl + nugget_links.tsv in the covlab layout.
 - `argkp2021`: IBM ArgKP-2021 (query = topic + stance, document = argument, nugget = key point).
 - `perspectrum`: Perspectrum v1.0 (query = claim, document = perspective, nugget = perspective cluster).
+- `trec-rag24`, `trec`: TREC RAG 2024 as released, and any TREC-style collection (resources/trec_formats.py).
+- `crux`: the CRUX release (resources/crux_format.py).
+- `table`: a user's own CSV, TSV, JSON lines or Parquet table with a column mapping (resources/table_format.py).
 - `demo`: the generated fictional dataset, always registered.
+
+Those four return ReadTables, which `read_dataset` checks here like every reader's tables; the first three stream
+their corpus and keep only the passages their other files name. A dataset's options (the table's column mapping,
+CRUX's rating threshold: FORMAT_OPTIONS) are registered with its format and path.
 """
 
 from __future__ import annotations
@@ -26,10 +33,14 @@ from pydantic import Field
 from covlab.models.dataset import Dataset, Origin, check_dataset_name, raise_on_problems
 from covlab.models.schemas import SPLITS, DatasetError
 from covlab.models.versions import file_hash
+from covlab.resources.crux_format import read_crux
 from covlab.resources.demo_dataset import build_demo_dataset
 from covlab.resources.files import (ID_FORBIDDEN, ID_EXPECTED, excerpt, id_problem, is_id_field, read_csv,
                                     read_jsonl, read_source, read_tsv, recording_sources)
 from covlab.resources.io_manager import atomic_write
+from covlab.resources.release_files import ReadTables
+from covlab.resources.table_format import read_table
+from covlab.resources.trec_formats import read_trec, read_trec_rag24
 
 
 def read_covlab(path: Path, name: str) -> Dataset:
@@ -238,7 +249,13 @@ def check_ids(dataset: Dataset) -> None:
 READERS: dict[str, Callable[[Path, str], Dataset]] = {
     "covlab": read_covlab, "beir": read_beir, "argkp2021": read_argkp2021, "perspectrum": read_perspectrum,
 }
-FORMATS = ("demo", *READERS)
+# Readers of a release or a user's table: (dataset path, the dataset's options) -> the tables they read.
+RELEASE_READERS: dict[str, Callable[[Path, dict], ReadTables]] = {
+    "trec-rag24": read_trec_rag24, "crux": read_crux, "trec": read_trec, "table": read_table,
+}
+FORMATS = ("demo", *READERS, *RELEASE_READERS)
+# The options each format takes (`covlab dataset add` flags): every other format takes none.
+FORMAT_OPTIONS = {"table": ("columns",), "crux": ("rating_threshold",)}
 # BM25 hits from outside a query's own candidates that the `given` pool mode adds as distractors.
 GIVEN_POOL_DISTRACTORS = {"perspectrum": 20}
 
@@ -264,17 +281,33 @@ def source_file_changes(path: str, files: dict[str, str]) -> list[str]:
     return changes
 
 
-def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
+def check_options(fmt: str, options: dict) -> None:
+    """DatasetError when `options` holds one that format `fmt` does not take (FORMAT_OPTIONS)."""
+    taken = FORMAT_OPTIONS.get(fmt, ())
+    unknown = sorted(set(options) - set(taken))
+    if unknown:
+        flags = ", ".join(f"--{o.replace('_', '-')}" for o in unknown)
+        raise DatasetError(f"format {fmt!r} takes no option {', '.join(unknown)} ({flags}); expected "
+                           + (f"only {', '.join(taken)}" if taken else "none"))
+
+
+def read_dataset(name: str, fmt: str, path: str | None, options: dict | None = None) -> Dataset:
     check_dataset_name(name)
+    options = options or {}
+    if fmt not in FORMATS:
+        raise DatasetError(f"dataset {name!r}: unknown format {fmt!r}; expected one of {FORMATS}")
+    check_options(fmt, options)
     if fmt == "demo":
         return raise_on_problems(build_demo_dataset())
-    if fmt not in READERS:
-        raise DatasetError(f"dataset {name!r}: unknown format {fmt!r}; expected one of {FORMATS}")
     if not path or not Path(path).exists():
         raise DatasetError(f"dataset {name!r}: path {path!r} does not exist")
     root = Path(path).resolve()
     with recording_sources() as read:
-        dataset = READERS[fmt](root, name)
+        if fmt in RELEASE_READERS:
+            release = RELEASE_READERS[fmt](root, options)
+            dataset = _finish(name, root, release.tables, release.origins)
+        else:
+            dataset = READERS[fmt](root, name)
     # The SHA-256 of each file the reader read, of the very bytes it parsed (nothing else in the folder is read).
     dataset.source_hashes = {str(f.relative_to(root)) if root.is_dir() else f.name: digest
                              for f, digest in sorted(read.items())}
@@ -282,18 +315,20 @@ def read_dataset(name: str, fmt: str, path: str | None) -> Dataset:
 
 
 class DatasetRegistry(ConfigurableResource):
-    """Registered datasets (name -> format and path), kept in a small JSON file; `demo` is always there.
+    """Registered datasets (name -> format, path and, for formats that take them, options), kept in a small JSON
+    file; `demo` is always there.
     Each dataset is one partition of the `datasets` dynamic partitions definition. Every update holds an
     exclusive lock on `<registry>.lock` across read, change and atomic replace, so concurrent
     registrations from several processes all survive."""
 
-    registry_path: str = Field(description="JSON file holding {name: {format, path}}")
+    registry_path: str = Field(description="JSON file holding {name: {format, path, options?}}")
     lock_timeout_s: float = Field(60.0, gt=0, description="how long a registration waits for another "
                                                           "process's lock on the registry file")
 
     def entries(self) -> dict[str, dict]:
-        """name -> {format, path} of every registered dataset; DatasetError naming the registry file, the line
-        and what was expected when the file is not what `register` writes (truncated, edited by hand)."""
+        """name -> {format, path, options?} of every registered dataset (an entry without options: none; the
+        registry files before options read so); DatasetError naming the registry file, the line and what was
+        expected when the file is not what `register` writes (truncated, edited by hand)."""
         file = Path(self.registry_path)
         if not file.exists():
             return {"demo": {"format": "demo", "path": None}}
@@ -307,21 +342,25 @@ class DatasetRegistry(ConfigurableResource):
             raise DatasetError(f"{file}:{exc.lineno}: the dataset registry is not valid JSON ({exc.msg}, column "
                                f"{exc.colno}); {expected}") from None
         bad = next((name for name, entry in stored.items() if not isinstance(entry, dict)
-                    or not isinstance(entry.get("format"), str) or "path" not in entry), None) \
+                    or not isinstance(entry.get("format"), str) or "path" not in entry
+                    or not isinstance(entry.get("options", {}), dict)), None) \
             if isinstance(stored, dict) else "(top level)"
         if bad is not None:
             raise DatasetError(f"{file}: the dataset registry's entry {excerpt(bad)} is not a dataset; {expected}")
         return {"demo": {"format": "demo", "path": None}, **stored}
 
-    def register(self, name: str, fmt: str, path: str | None, replace: bool = False) -> dict:
-        """Add `name`; re-adding it with the same format and path changes nothing, with another source it
-        is refused unless `replace`."""
+    def register(self, name: str, fmt: str, path: str | None, replace: bool = False,
+                 options: dict | None = None) -> dict:
+        """Add `name`; re-adding it with the same format, path and options changes nothing, with another source
+        or other options it is refused unless `replace`. An entry holds `options` only when there are some."""
         check_dataset_name(name)
         if fmt not in FORMATS:
             raise DatasetError(f"unknown format {fmt!r}; expected one of {FORMATS}")
+        check_options(fmt, options or {})
         if name == "demo" and fmt != "demo":
             raise DatasetError("the name 'demo' is reserved for the embedded dataset")
         entry = {"format": fmt, "path": str(Path(path).resolve()) if path else None}
+        entry.update({"options": options} if options else {})
         file = Path(self.registry_path)
         file.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -329,9 +368,9 @@ class DatasetRegistry(ConfigurableResource):
                 stored = {k: v for k, v in self.entries().items() if k != "demo"}
                 if stored.get(name, entry) != entry and not replace:
                     raise DatasetError(
-                        f"dataset {name!r} is already registered as {stored[name]['format']} at "
-                        f"{stored[name]['path']}; refusing to point it at {fmt} {entry['path']} (its stored "
-                        "tables would silently mix two sources). Pass --replace to re-point it, or pick a new name")
+                        f"dataset {name!r} is already registered as {_source(stored[name])}; refusing to point it at "
+                        f"{_source(entry)} (its stored tables would silently mix two sources). Pass --replace to "
+                        "re-point it, or pick a new name")
                 stored[name] = entry
                 atomic_write(file, lambda tmp: tmp.write_text(json.dumps(stored, indent=2, sort_keys=True)))
         except Timeout:
@@ -348,4 +387,12 @@ class DatasetRegistry(ConfigurableResource):
         if name not in entries:
             raise DatasetError(f"dataset {name!r} is not registered in {self.registry_path}; "
                                f"add it with `covlab dataset add {name} --format F --path P`")
-        return read_dataset(name, entries[name]["format"], entries[name]["path"])
+        entry = entries[name]
+        return read_dataset(name, entry["format"], entry["path"], entry.get("options"))
+
+
+def _source(entry: dict) -> str:
+    """A registry entry as a message names it: format, path, and options if any."""
+    options = entry.get("options")
+    return f"{entry['format']} at {entry['path']}" + (f" with options {json.dumps(options, sort_keys=True)}"
+                                                      if options else "")

@@ -5,8 +5,10 @@ file, the line and what was expected on the first malformed record: broken JSON,
 types, wrong field counts, non-UTF-8 bytes, empty files, a line longer than MAX_LINE_BYTES, and an id field
 (named `_id` or `<something>_id`) that is empty or holds a tab, a line break, NUL or another control character.
 
-A file is streamed a line at a time, each line read at most MAX_LINE_BYTES long, so what a reader holds beyond
-its records is one line: a 2 GB file of NUL bytes is refused at line 1 after reading 64 MiB of it.
+A file is streamed a line at a time (`read_lines`, which resources/release_files.py reads its files with too), plain
+or gzip-compressed when its name ends in `.gz`, each line read at most MAX_LINE_BYTES long, so what a reader holds
+beyond its records is one line: a 2 GB file of NUL bytes is refused at line 1 after reading 64 MiB of it. Inside a
+`recording_sources` block every file read is recorded with the SHA-256 of its bytes as stored.
 
 A file that fails to parse may be anything a path or a symbolic link leads to (a credentials file): messages
 quote at most EXCERPT_CHARS characters of what it holds (`excerpt`: a secret-named environment variable's value
@@ -18,9 +20,11 @@ from __future__ import annotations
 
 import codecs
 import csv
+import gzip
 import hashlib
 import json
 import re
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -71,18 +75,29 @@ def read_source(path: Path) -> bytes:
     return raw
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, line) of a UTF-8 text file, streamed: lines end at "\n" (a "\r" before it is dropped), a
-    BOM is skipped, each line is at most MAX_LINE_BYTES long. The file's SHA-256 is recorded (`recording_sources`)
-    once it was read to its end; a file with no text raises "file is empty" there."""
+def read_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file, gzip-compressed when its name ends in `.gz`, streamed: lines end at
+    "\n" (a "\r" before it is dropped), a BOM is skipped, each line is at most MAX_LINE_BYTES long (uncompressed).
+    The SHA-256 of the file's bytes as stored (a gzip file's compressed bytes, hashed as they are read, bytes after
+    its last member included) is recorded (`recording_sources`) once it was read to its end; a file with no text
+    raises "file is empty" there."""
     if not path.is_file():
         raise DatasetError(f"{path}: file not found")
-    digest, has_text = hashlib.sha256(), False
-    with open(path, "rb") as handle:
-        number = 0
-        while raw := handle.readline(MAX_LINE_BYTES + 1):
+    packed = path.name.endswith(".gz")
+    failures = (OSError, EOFError, zlib.error) if packed else ()
+    digest, number, has_text = hashlib.sha256(), 0, False
+    with open(path, "rb") as stored:
+        source = _Hashing(stored, digest)
+        handle = gzip.GzipFile(fileobj=source, mode="rb") if packed else source
+        while True:
+            try:
+                raw = handle.readline(MAX_LINE_BYTES + 1)
+            except failures as exc:
+                raise DatasetError(f"{path}:{number + 1}: not readable as gzip ({exc}); expected a gzip-compressed "
+                                   "file of text lines") from None
+            if not raw:
+                break
             number += 1
-            digest.update(raw)
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 raise DatasetError(f"{path}:{number}: line longer than {MAX_LINE_BYTES:,} bytes "
                                    f"({MAX_LINE_BYTES // 2**20} MiB); expected text with one record per line (a "
@@ -100,6 +115,8 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             line = line[:-1] if line.endswith("\r") else line
             has_text = has_text or bool(line.strip())
             yield number, line
+        while source.read(2**20):  # bytes after a gzip file's last member: hashed, as the file holds them
+            pass
     if not has_text:
         raise DatasetError(f"{path}: file is empty; expected at least one record")
     sources = _SOURCES.get()
@@ -107,11 +124,28 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         sources[path] = digest.hexdigest()
 
 
-def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = None) -> tuple[pd.DataFrame, Origin]:
-    """Records of a JSON-lines file; `fields` must be present with the given types, `optional` may be."""
-    optional = optional or {}
-    records, numbers = [], []
-    for number, line in _lines(path):
+class _Hashing:
+    """A binary file read through, every byte read also fed to `digest`."""
+
+    def __init__(self, stored, digest) -> None:
+        self.stored, self.digest = stored, digest
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.stored.read(size)
+        self.digest.update(data)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self.stored.readline(size)
+        self.digest.update(data)
+        return data
+
+
+def read_json_objects(path: Path, expected: str = "") -> Iterator[tuple[int, dict]]:
+    """(line number, object) of a JSON-lines file (`read_lines`), one JSON object per non-blank line; `expected`, when
+    given, describes one in the message about a line that is not one."""
+    described = f", {expected}" if expected else ""
+    for number, line in read_lines(path):
         if not line.strip():
             continue
         try:
@@ -119,9 +153,18 @@ def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = Non
         except (ValueError, RecursionError) as exc:
             # ValueError beyond JSONDecodeError: an integer of more than 4,300 digits; RecursionError: deep nesting.
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).split(":")[0]
-            raise DatasetError(f"{path}:{number}: invalid JSON ({reason}); expected one JSON object per line") from None
+            raise DatasetError(f"{path}:{number}: invalid JSON ({reason}); expected one JSON object per "
+                               f"line{described}") from None
         if not isinstance(record, dict):
-            raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
+            raise DatasetError(f"{path}:{number}: expected a JSON object{described}; got {type(record).__name__}")
+        yield number, record
+
+
+def read_jsonl(path: Path, fields: FieldTypes, optional: FieldTypes | None = None) -> tuple[pd.DataFrame, Origin]:
+    """Records of a JSON-lines file; `fields` must be present with the given types, `optional` may be."""
+    optional = optional or {}
+    records, numbers = [], []
+    for number, record in read_json_objects(path):
         for name, kind in {**fields, **optional}.items():
             if name not in record:
                 if name in fields:
@@ -148,7 +191,7 @@ def _origin(path: Path, numbers: list[int]) -> Origin:
 def read_tsv(path: Path, columns: dict[str, type], header: bool | list[str] = False) -> tuple[pd.DataFrame, Origin]:
     """Tab-separated records with exactly len(columns) fields; `header` True skips a first line, a list
     also requires that first line to read exactly so."""
-    lines = _lines(path)
+    lines = read_lines(path)
     start = 0
     if header:
         start = 1
@@ -177,7 +220,7 @@ def read_tsv(path: Path, columns: dict[str, type], header: bool | list[str] = Fa
 
 def read_csv(path: Path, columns: dict[str, type]) -> tuple[pd.DataFrame, Origin]:
     """Comma-separated records with a header holding at least `columns` (quoted fields may span lines)."""
-    reader = csv.reader(line + "\n" for _, line in _lines(path))
+    reader = csv.reader(line + "\n" for _, line in read_lines(path))
     try:
         header = next(reader)
     except csv.Error as exc:

@@ -28,8 +28,9 @@ from covlab.resources.model_store import WEIGHTS_HASH, WEIGHTS_METADATA, weights
 from covlab.resources.source import RUNTIME_METADATA, SOURCE_METADATA
 
 # Metadata entries that say what shaped a materialization (recorded by the assets).
-SHAPING = ("config", "settings", "format", "path", "source_files", "model_uri", "model_name", "model_version",
-           "mlflow_run_id", WEIGHTS_METADATA, "llm", "prompt_version", SOURCE_METADATA, RUNTIME_METADATA)
+SHAPING = ("config", "settings", "format", "path", "options", "source_files", "model_uri", "model_name",
+           "model_version", "mlflow_run_id", WEIGHTS_METADATA, "llm", "prompt_version", SOURCE_METADATA,
+           RUNTIME_METADATA)
 # Metadata entry of a report materialization (resources/report_lineage.py record_report_lineage): which of its
 # inputs produced each method's rows, {method: [asset key, ...]}.
 METHOD_INPUTS = "method_inputs"

@@ -305,8 +305,6 @@ class ModelStore:
             local = call_redacted(uri_secrets(self.tracking_uri, self.registry_uri),
                                   mlflow.artifacts.download_artifacts, artifact_uri=source, dst_path=work,
                                   tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
-            if target.exists():
-                target.rmdir()
             if version_hash is not None:
                 found = files_hash({path: digest for path, digest in file_hashes(local).items() if path != LOAD_NOTE})
                 if found != version_hash:
@@ -320,7 +318,7 @@ class ModelStore:
                 raise WeightsChanged(f"{ref.uri}: the {what} downloaded from {source} have content hash "
                                  f"{directory_hash(local)}, not the {expected} recorded at registration; the "
                                  "MLflow artifacts were changed after registration, so they were not kept")
-            os.replace(local, target)
+            _put_in_place(local, target, expected)
         return target
 
     def metric(self, ref: ModelVersionRef, key: str) -> float:
@@ -357,3 +355,16 @@ def serving_signature():
                       ColSpec(DataType.string, "selection")])
     return ModelSignature(inputs=inputs, outputs=outputs,
                           params=ParamSchema([ParamSpec("blend_weight", DataType.double, None)]))
+
+
+def _put_in_place(local: str | Path, target: Path, expected: str | None) -> None:
+    """Rename the verified download `local` to `target` (absent, or the empty folder the caller named). Two
+    processes may download the same version into one home at once (two services starting): when the other one's
+    copy took `target` first and has the same content hash, it is kept and this download is dropped."""
+    try:
+        if target.exists():
+            target.rmdir()
+        os.replace(local, target)
+    except OSError:
+        if expected is None or not target.is_dir() or directory_hash(target) != expected:
+            raise

@@ -53,7 +53,6 @@ import math
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -74,7 +73,7 @@ from covlab.resources.model_store import ModelStore
 from covlab.resources.secrets import environment_secrets, redact, redacted_uri
 from covlab.resources.tracking_server import uri_secrets
 from covlab.serving.retriever import DEFAULT_RETRIEVER, CorpusRetriever, Retrieval, load_retriever, retrievable_datasets
-from covlab.serving.selector import (SERVABLE, ContextSelector, Encoder, FieldError, ModelProvenance, ServedSelection,
+from covlab.serving.selector import (SERVABLE, ContextSelector, FieldError, ModelProvenance, ServedSelection,
                                      ServingError, load_selector, model_store)
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
@@ -738,17 +737,6 @@ def default_methods(dataset: str | None) -> list[str]:
     return [m for m in SERVABLE if dataset is not None or not METHOD[m].served_models()]
 
 
-class SharedEncoders:
-    """One Encoder per (model, device, max_length) across the selectors and retrievers a service loads (one copy
-    of its weights), for as long as one of them uses it."""
-
-    def __init__(self):
-        self._encoders: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-    def __call__(self, encoder: Encoder) -> Encoder:
-        return self._encoders.setdefault((encoder.model, encoder.device, encoder.max_length), encoder)
-
-
 def registry_version(store: ModelStore) -> Callable[[str, str], int | None]:
     """The `current_version` of a service over the registry in `store`: the version an alias points at now."""
 
@@ -761,16 +749,14 @@ def registry_version(store: ModelStore) -> Callable[[str, str], int | None]:
 
 def registry_methods(methods: Sequence[str] | None, dataset: str | None, alias: str = "champion",
                      tracking_uri: str | None = None, *, device: str = "cpu", redact_text: Callable[[str], str] = str,
-                     store: ModelStore | None = None, encoders: SharedEncoders | None = None) -> ServedMethods:
+                     store: ModelStore | None = None) -> ServedMethods:
     """ServedMethods of load_selector over the registry at `tracking_uri`: `methods` (required to load), or
-    `default_methods(dataset)` (those that cannot load yet are unavailable). Selectors with the same encoder
-    share one (`encoders`)."""
-    store, shared = store or model_store(tracking_uri), encoders or SharedEncoders()
+    `default_methods(dataset)` (those that cannot load yet are unavailable). Selectors share the process's one
+    copy of each model (serving/shared.py)."""
+    store = store or model_store(tracking_uri)
 
     def load(method: str) -> ContextSelector:
-        selector = load_selector(method, dataset, alias, tracking_uri, device=device)
-        selector.encoder = shared(selector.encoder)
-        return selector
+        return load_selector(method, dataset, alias, tracking_uri, device=device)
 
     return ServedMethods(methods or default_methods(dataset), load, registry_version(store), required=bool(methods),
                          redact_text=redact_text)
@@ -778,16 +764,14 @@ def registry_methods(methods: Sequence[str] | None, dataset: str | None, alias: 
 
 def registry_retrievers(dataset: str | None, alias: str = "champion", tracking_uri: str | None = None, *,
                         device: str = "cpu", redact_text: Callable[[str], str] = str, store: ModelStore | None = None,
-                        encoders: SharedEncoders | None = None, cache: str | Path | None = None) -> ServedRetrievers:
+                        cache: str | Path | None = None) -> ServedRetrievers:
     """ServedRetrievers of load_retriever over the registry at `tracking_uri` (files kept under `cache`, as
     load_retriever's): `dataset`'s retriever (none without a dataset; unavailable while its student is not
-    registered); its encoder shared (`encoders`)."""
-    store, shared = store or model_store(tracking_uri), encoders or SharedEncoders()
+    registered); its encoder the process's one copy (serving/shared.py)."""
+    store = store or model_store(tracking_uri)
 
     def load(name: str) -> CorpusRetriever:
-        retriever = load_retriever(name, alias, tracking_uri, device=device, cache=cache, store=store)
-        retriever.encoder = shared(retriever.encoder)
-        return retriever
+        return load_retriever(name, alias, tracking_uri, device=device, cache=cache, store=store)
 
     return ServedRetrievers(() if dataset is None else (dataset,), load, registry_version(store),
                             redact_text=redact_text, registered=lambda: retrievable_datasets(store))
@@ -905,11 +889,10 @@ def serve(settings: ServeSettings) -> None:
     warning = bind_warning(settings.host, settings.token)
     if warning is not None:
         _LOG.warning(warning)
-    encoders = SharedEncoders()
     served = registry_methods(settings.methods, settings.dataset, settings.alias, settings.tracking_uri,
-                              device=settings.device, redact_text=redactor, encoders=encoders)
+                              device=settings.device, redact_text=redactor)
     retrievers = registry_retrievers(settings.dataset, settings.alias, settings.tracking_uri, device=settings.device,
-                                     redact_text=redactor, encoders=encoders)
+                                     redact_text=redactor)
     for loaded in served.loaded():
         loaded.selector.encoder(["warm up"])
         loaded.selector.counter.count(["warm up"])

@@ -39,7 +39,8 @@ from covlab.models.replay import RecordedDecisions
 from covlab.models.selectors import Budget
 from covlab.models.versions import file_hashes, files_hash
 from covlab.resources.model_store import ANSWER_COLUMNS, MLFLOW_FILES
-from covlab.serving.selector import TOKEN_CACHE_BYTES, ContextSelector, Encoder, ServingError
+from covlab.serving.selector import TOKEN_CACHE_BYTES, ContextSelector, ServingError
+from covlab.serving.shared import served_models, shared_encoder
 
 
 def _load_pyfunc(data_path: str, model_config: dict | None = None) -> SelectorModel:
@@ -82,13 +83,11 @@ class SelectorModel:
         if name is None:
             raise ValueError(f"{path}: the MLmodel names no covlab method in its model config")
         method, own = registry_method(name), pyfunc_selector(name)
-        models = {own.role: own.load(path, "cpu")}
-        for asset, model in dict(config.get("models") or {}).items():
-            other = trained_selector(asset)
-            models[other.role] = other.load(Path(model["path"]), "cpu")
+        models = served_models({own: path, **{trained_selector(asset): Path(model["path"])
+                                              for asset, model in dict(config.get("models") or {}).items()}})
         decisions = RecordedDecisions.from_json(config.get("decisions"))
         self.selector = ContextSelector(method, decisions.settings or SelectorSettings(),
-                                        Encoder(default_base_model()), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
+                                        shared_encoder(default_base_model()), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
                                         models=models, decisions=decisions)
 
     def predict(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

@@ -24,7 +24,8 @@ from covlab.models.registry import Family, Report, method, methods, trained_sele
 from covlab.models.retrieval import dense_top_k, within_token_budget
 from covlab.models.selectors import Budget
 from covlab.resources.model_store import ATTACHED_TAG_PREFIX, CANDIDATE_ALIAS, ModelStore
-from covlab.serving.selector import Encoder, ModelProvenance, ServingError, model_store, registered_version
+from covlab.serving.selector import ModelProvenance, ServingError, model_store, registered_version
+from covlab.serving.shared import shared_encoder
 
 # The retrieval method served by default (the MCompassRAG student), and the trained selector its version is of.
 DEFAULT_RETRIEVER = next(m.name for m in methods(Report.RETRIEVAL) if m.family is Family.MCOMPASS)
@@ -190,8 +191,8 @@ def load_retriever(dataset: str, alias: str = "champion", tracking_uri: str | No
     if trained_on != corpus.bank.content_hash():
         raise ServingError(f"dataset: {ref.uri} was trained on bank {trained_on}, but the corpus it carries holds "
                            f"bank {corpus.bank.content_hash()}")
-    encoder = (Encoder(corpus.encoder.path(), device, corpus.encoder.max_length) if corpus.encoder is not None
-               else Encoder(default_base_model(), device))  # a bank that did not record its encoder: the default
+    encoder = (shared_encoder(corpus.encoder.path(), device, corpus.encoder.max_length) if corpus.encoder is not None
+               else shared_encoder(default_base_model(), device))  # a bank that did not record its encoder: the default
     problem = corpus.encoder_mismatch(encoder)
     if problem:
         raise ServingError(f"dataset: the encoder {encoder.model} is not the one that embedded the bank of "

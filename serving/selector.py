@@ -14,7 +14,7 @@ import binascii
 import json
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import pybase64
 from pydantic import TypeAdapter
 
 from covlab.models.comparison import atom_sentences
-from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH
+from covlab.models.encoders import ENCODER_MAX_LENGTH
 from covlab.models.explain import Reason, explain
 from covlab.models.biencoder import coverage_anchor
 from covlab.models.registry import (METHOD, Coverage, Method, PoolOrder, Role, SelectorSettings, TrainedSelector,
@@ -35,6 +35,7 @@ from covlab.models.replay import RecordedDecisions
 from covlab.models.selectors import NORM_TOLERANCE, Blend, Budget, Pool, RelevanceOrder, Selection, Selector
 from covlab.resources.model_store import (CONTENT_HASH_TAG, PROMOTED_BY_TAG, ModelStore, ModelVersionRef,
                                          WeightsChanged, recorded_decisions, weights_change)
+from covlab.serving.shared import served_models, shared_encoder
 
 # The tokens of a text the encoder reads: its max_length less the [CLS] and [SEP] of the BERT-family encoders
 # covlab uses; TokenCounter counts without them, and in full.
@@ -343,29 +344,6 @@ class ServedSelection:
 _SELECTION_JSON = TypeAdapter(ServedSelection)
 
 
-class Encoder:
-    """A bi-encoder (models/biencoder.load_first_stage) loaded on first use, shared by threads (one lock); it
-    reads the first `max_length` tokens of a text with its [CLS] and [SEP], `max_tokens` of the text itself."""
-
-    def __init__(self, model: str, device: str = "cpu", max_length: int = ENCODER_MAX_LENGTH):
-        self.model, self.device, self.max_length = model, device, max_length
-        self.max_tokens = max_length - 2  # less the [CLS] and [SEP], as ENCODER_TOKENS
-        self._encode: Callable[[list[str]], np.ndarray] | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self, texts: list[str]) -> np.ndarray:
-        with self._lock:
-            if self._encode is None:
-                import torch
-
-                from covlab.models.biencoder import load_first_stage
-
-                self._encode = load_first_stage(self.model, batch_size=ENCODER_BATCH,
-                                                max_length=self.max_length,
-                                                device=torch.device(self.device))
-            return np.asarray(self._encode(texts), dtype=float)
-
-
 class ContextSelector:
     """One registry method ready to select (module docstring). `models` are the loaded versions of the trained
     selectors it serves by, by their registry Role (models/registry.py: the ranker its selector applies, the
@@ -544,8 +522,8 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
                            "name the dataset")
     loaded, decisions = _served_versions(entry, dataset, alias, tracking_uri, cache)
     return ContextSelector(entry, settings or decisions.settings or SelectorSettings(),
-                           Encoder(default_base_model(), device), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
-                           models={t.role: t.load(path, device) for t, (_, path) in loaded.items()},
+                           shared_encoder(default_base_model(), device), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
+                           models=served_models({t: path for t, (_, path) in loaded.items()}, device),
                            decisions=decisions, provenance=[ModelProvenance.of(ref, alias) for ref, _ in loaded.values()])
 
 

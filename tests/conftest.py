@@ -1,11 +1,12 @@
 """Shared fixtures (an isolated COVLAB_HOME per test, the shared datasets, skipped when absent, one `make demo`
-per session) and the suite's tiers.
+per suite run) and the suite's tiers.
 
 Tiers (markers, README "Tests"): `pipeline` tests build or serve the whole demo pipeline (every test that reads
 `demo_home`, and the modules that mark themselves), `services` tests need PostgreSQL, Redis or Chromium, `unit`
 is everything else; a test may be both pipeline and services. `make test` runs all of them on two xdist workers
-with `--dist loadgroup`: the tests of one module share a worker (their module fixtures are built once), and every
-test of the demo home shares one, so `make demo` runs once per suite."""
+with `--dist loadgroup`: the tests of one module share a worker (their module fixtures are built once), while the
+tests of the demo home, which only read it, each go to whichever worker is free; the workers build that home once
+between them (`demo_home`)."""
 
 import os
 import signal
@@ -41,6 +42,11 @@ def shared_dataset(name: str) -> Path:
 DEMO_BUILD_TIMEOUT_S = 1500
 
 
+# The demo home's test that takes longest: scheduled first, so that its worker builds the home and runs it while the
+# other worker takes the pipeline tests that need no demo home.
+LONGEST_DEMO_TEST = "test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure"
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     # A demo home's first test also waits for the build: its timeout is the build's plus the suite's own.
@@ -54,10 +60,13 @@ def pytest_collection_modifyitems(config, items):
         pipeline = item.get_closest_marker("pipeline") is not None
         if not (pipeline or item.get_closest_marker("services")):
             item.add_marker(pytest.mark.unit)
-        item.add_marker(pytest.mark.xdist_group("demo_home" if on_demo else item.path.stem))
-        order[item.nodeid] = 0 if on_demo else 1 if pipeline else 2
-    # The longest groups first, so that a worker starts on them at once while the other takes the rest: the demo
-    # home's tests, then the other pipeline tests (a stable sort keeps each module's order).
+        item.add_marker(pytest.mark.xdist_group(f"demo:{item.name}" if on_demo else item.path.stem))
+        longest = on_demo and item.name == LONGEST_DEMO_TEST
+        order[item.nodeid] = 0 if longest else 1 if pipeline and not on_demo else 2 if on_demo else 3
+    # xdist hands out the groups in this order (`make test` keeps it: --no-loadscope-reorder): the demo home's
+    # longest test, whose worker builds the home; the other pipeline tests, which the other worker takes meanwhile;
+    # the demo home's other tests, once it is built; the unit tests last, small enough to even out the end. A
+    # stable sort keeps each module's order.
     items.sort(key=lambda item: order[item.nodeid])
 
 
@@ -161,10 +170,7 @@ def nightly():
     return NightlyTicks
 
 
-@pytest.fixture(scope="session")
-def demo_mlflow_port() -> int:
-    """The port the demo is told its MLflow UI runs on (`make demo MLFLOW_PORT=...`, as the README allows): a free
-    one, never the default 5000, so that a link still fixed to the default fails the browser test."""
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -173,16 +179,38 @@ def demo_mlflow_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def demo_home(tmp_path_factory, demo_mlflow_port):
-    """`make demo` exactly as the README says, into a fresh COVLAB_HOME, once per session, with the MLflow UI's port
-    set (`demo_mlflow_port`); its output (stdout and stderr, as a terminal shows them). Tests that change the home
-    work on a copy of it."""
+def demo_home(tmp_path_factory, worker_id):
+    """`make demo` exactly as the README says, into a fresh COVLAB_HOME, once per suite run, with the MLflow UI's port
+    set (`demo_mlflow_port`); its output (stdout and stderr, as a terminal shows them). Under xdist the first worker
+    to need it builds it in the run's shared temporary folder while the other waits on a lock, and a failed build
+    fails every test that reads it with the same output. Tests only read it; those that change the home work on a
+    copy of it."""
     import subprocess
 
-    home = tmp_path_factory.mktemp("demo") / "home"
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
-    env["MLFLOW_PORT"] = str(demo_mlflow_port)
-    done = subprocess.run(["make", "demo"], cwd=ROOT, env={**env, "COVLAB_HOME": str(home)}, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=DEMO_BUILD_TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-6000:]
-    return home, done.stdout
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    folder = shared / "demo"
+    home, log, status = folder / "home", folder / "make-demo.log", folder / "make-demo.status"
+    with FileLock(shared / "demo.lock"):
+        if not status.exists():
+            folder.mkdir(exist_ok=True)
+            port = _free_port()
+            (folder / "mlflow-port").write_text(str(port))
+            env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
+            done = subprocess.run(["make", "demo"], cwd=ROOT, env={**env, "COVLAB_HOME": str(home),
+                                                                   "MLFLOW_PORT": str(port)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  timeout=DEMO_BUILD_TIMEOUT_S)
+            log.write_text(done.stdout)
+            status.write_text(str(done.returncode))
+    output = log.read_text()
+    assert status.read_text() == "0", output[-6000:]
+    return home, output
+
+
+@pytest.fixture(scope="session")
+def demo_mlflow_port(demo_home) -> int:
+    """The port the demo was told its MLflow UI runs on (`make demo MLFLOW_PORT=...`, as the README allows): one that
+    was free, never the default 5000, so that a link still fixed to the default fails the browser test."""
+    return int((demo_home[0].parent / "mlflow-port").read_text())

@@ -22,9 +22,6 @@ BAD_OPTIONS = [
      "covlab: --budget items=10: expected k=<items> or tokens=<token budget>"),
     (["materialize", "--dataset", "demo", "--select", "bm25_pools", "no_such_asset"],
      "covlab: --select 'no_such_asset': no such asset; expected asset keys among answer_report, answers, bm25_index"),
-    (["materialize", "--dataset", "demo", "--select", "corpus"],
-     "covlab: --select: dataset_tables builds candidates, corpus, nugget_links, nuggets, qrels, queries in one "
-     "step; expected all of them (add candidates, nugget_links, nuggets, qrels, queries)"),
 ]
 
 

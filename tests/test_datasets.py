@@ -129,8 +129,8 @@ def test_malformed_file_is_refused_with_file_line_and_expectation(tmp_path, demo
 def test_registry_keeps_demo_and_refuses_unknown_formats(tmp_path):
     registry = DatasetRegistry(registry_path=str(tmp_path / "r.json"))
     assert registry.entries() == {"demo": {"format": "demo", "path": None}}
-    with pytest.raises(DatasetError, match="unknown format 'trec'"):
-        registry.register("x", "trec", str(tmp_path))
+    with pytest.raises(DatasetError, match="unknown format 'trec-covid'"):
+        registry.register("x", "trec-covid", str(tmp_path))
     registry.register("x", "covlab", str(tmp_path))
     assert json.loads((tmp_path / "r.json").read_text())["x"]["format"] == "covlab"
     with pytest.raises(DatasetError, match="not registered"):

@@ -34,7 +34,7 @@ from covlab.orchestration.definitions import DEMO_CONFIG, defs
 from covlab.resources.device import GPU_POOL
 from covlab.resources.io_manager import read_stored
 from covlab.resources.results_store import ResultsStore
-from tiny_bert import tiny_pipeline_config
+from tiny_bert import one_thread, tiny_pipeline_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.pipeline, pytest.mark.services]
 
@@ -112,10 +112,6 @@ class Deployment:
         for name in self.databases.values():
             admin.cursor().execute(f'CREATE DATABASE "{name}"')
         admin.close()
-        # MLflow's tables are created once before the workers start (README): two workers opening a fresh
-        # database at the same moment race in MLflow's own schema creation (duplicate alembic_version)
-        subprocess.run([str(BIN / "mlflow"), "db", "upgrade", f"{PG}/{self.databases['mlflow']}"], check=True,
-                       capture_output=True)
         self.home = root / "covlab-home"  # the shared location every worker reads and writes
         (self.home / "dagster").mkdir(parents=True)
         shutil.copy(DEPLOY / "dagster.yaml", self.home / "dagster" / "dagster.yaml")
@@ -127,11 +123,24 @@ class Deployment:
                     "COVLAB_MLFLOW_TRACKING_URI": f"{PG}/{self.databases['mlflow']}",
                     "COVLAB_CELERY_BROKER": f"redis://127.0.0.1:6379/{redis_db}",
                     "COVLAB_CELERY_BACKEND": f"redis://127.0.0.1:6379/{redis_db}",
-                    "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+                    "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    # torch on one intra-op thread in every worker (the in-process reference run too: tiny_bert's
+                    # one_thread): two workers' multi-threaded ops on 2 shared cores wait on each other (steps
+                    # measured 5-10x slower), and equal thread counts keep the two runs' floats comparable
+                    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.logs = root / "logs"
         self.logs.mkdir()
-        # the same for Dagster's own tables: the daemon and each worker would otherwise all create them at once
-        subprocess.run([str(BIN / "dagster"), "instance", "migrate"], env=self.env, check=True, capture_output=True)
+        # MLflow's tables are created once before the workers start (README): two workers opening a fresh
+        # database at the same moment race in MLflow's own schema creation (duplicate alembic_version); the
+        # same for Dagster's own tables: the daemon and each worker would otherwise all create them at once.
+        # Two databases of their own: both migrations at once.
+        migrations = [subprocess.Popen(command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       text=True)
+                      for command in ([str(BIN / "mlflow"), "db", "upgrade", f"{PG}/{self.databases['mlflow']}"],
+                                      [str(BIN / "dagster"), "instance", "migrate"])]
+        for migration in migrations:
+            out, _ = migration.communicate(timeout=300)
+            assert migration.returncode == 0, (migration.args, out[-3000:])
         self.workers: dict[str, subprocess.Popen] = {}
         self.processes: list[subprocess.Popen] = []
 
@@ -150,8 +159,8 @@ class Deployment:
         app = self.celery_app()
         names = set(self.workers)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            replies = app.control.ping(timeout=2.0) or []
+        while time.monotonic() < deadline:  # `limit`: back as soon as that many replied, else after `timeout`
+            replies = app.control.ping(timeout=2.0, limit=len(names)) or []
             if names <= {next(iter(reply)).split("@")[0] for reply in replies}:
                 return
         raise AssertionError(f"workers {sorted(names)} did not answer within {timeout} s; see {self.logs}")
@@ -159,7 +168,8 @@ class Deployment:
     def wait_until_workers_idle(self, timeout: float = 300) -> None:
         """Until no live worker holds a task, running or received ahead (Celery's inspect; the killed worker does
         not answer and holds nothing)."""
-        inspect = self.celery_app().control.inspect(timeout=2.0)
+        live = [name for name, process in self.workers.items() if process.poll() is None]
+        inspect = self.celery_app().control.inspect(timeout=2.0, limit=len(live))  # back once all live answered
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             active, reserved = inspect.active(), inspect.reserved()
@@ -267,7 +277,7 @@ def _in_process_report(tmp_path, monkeypatch, config: dict) -> tuple[dict, pd.Da
     from covlab.orchestration.instance import dagster_home
 
     dagster_home()
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.get() as instance, one_thread():  # as the workers run (OMP_NUM_THREADS=1)
         assert materialize("demo", PIPELINE, config, instance).success
     results = ResultsStore(url=f"sqlite:///{home}/results/results.db")
     try:
@@ -290,10 +300,11 @@ def test_celery_workers_split_the_pipeline_and_a_killed_worker_costs_only_its_st
     config = run_config(str(tiny_model_dir))
     deployment.start_worker("gpu", "gpu")
     deployment.start_worker("cpu", "dagster")
-    deployment.wait_for_workers()
     with deployment.instance() as instance:
         instance.add_dynamic_partitions(DATASETS.name, ["demo"])  # what `covlab dataset add` does for a dataset
+        # the run's process starts while the workers do: its tasks wait in the broker's queues until they consume
         first = deployment.launch({"run_config": config, "assets": PIPELINE})
+        deployment.wait_for_workers()
         run_id = None
         deadline = time.monotonic() + 120
         while run_id is None and time.monotonic() < deadline:  # the run's id, once its process has created it
@@ -317,8 +328,8 @@ def test_celery_workers_split_the_pipeline_and_a_killed_worker_costs_only_its_st
         assert finished_first and killed_step not in finished_first
 
         deployment.start_worker("cpu", "dagster")
+        second = deployment.launch({"parent": run_id})  # as above: its tasks wait until the new worker consumes
         deployment.wait_for_workers()
-        second = deployment.launch({"parent": run_id})
         out, _ = second.communicate(timeout=900)
         outcome = json.loads(out.strip().splitlines()[-1])
         assert outcome["success"], f"the re-execution failed; see {deployment.logs}"

@@ -30,21 +30,68 @@ def _dataset_partitions(home) -> list[str]:
             "SELECT partition FROM dynamic_partitions WHERE partitions_def_name = 'datasets'"))
 
 
+# `covlab dataset add NAME ...` in each of len(sys.argv) - 1 processes started at one moment: one interpreter
+# imports what the command imports (seconds), then forks a process per name; each waits on a pipe until all are
+# forked, runs the CLI's own main() with its argv, and exits with its status. Prints {name: [status, output]}.
+# (Started as separate interpreters, each spent ~5 s importing first and they reached the instance spread out.)
+CONCURRENT_ADDS = """
+import json, os, sys, tempfile
+import dagster
+import covlab.assets.partitions, covlab.orchestration.instance, covlab.resources.datasets
+import covlab.resources.home, covlab.resources.table_format
+from covlab.orchestration.cli import main
+
+folder, names = sys.argv[1], sys.argv[2:]
+go_read, go_write = os.pipe()
+children = {}
+for name in names:
+    log = tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_write)
+        os.read(go_read, 1)  # EOF once the parent has forked every process and closed its end
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            status = main(["dataset", "add", name, "--format", "covlab", "--path", folder])
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status or 0)
+    children[name] = (pid, log)
+os.close(go_write)
+outcome = {}
+for name, (pid, log) in children.items():
+    _, status = os.waitpid(pid, 0)
+    log.seek(0)
+    outcome[name] = [os.waitstatus_to_exitcode(status), log.read().decode(errors="replace")]
+print(json.dumps(outcome))
+"""
+
+
 @pytest.mark.slow
 def test_concurrent_dataset_adds_on_a_fresh_home_all_succeed(tmp_path, demo_dataset):
     """8 `covlab dataset add` processes at once on a fresh COVLAB_HOME (before the lock, most failed with
     alembic errors and left runs.db with two alembic_version rows): all succeed, one schema revision per
-    database, and the dynamic partitions are exactly the registered datasets."""
+    database, and the dynamic partitions are exactly the registered datasets. The 8 processes are forked from
+    one interpreter that has imported covlab, and released together: they reach the instance at one moment."""
     folder = write_covlab_layout(demo_dataset, tmp_path / "data")
     home = tmp_path / "home"
     env = {**os.environ, "COVLAB_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
     names = [f"d{i}" for i in range(8)]
-    processes = [subprocess.Popen([sys.executable, "-m", "covlab.orchestration.cli", "dataset", "add", name,
-                                   "--format", "covlab", "--path", str(folder)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in names]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
-    failed = [(name, output[-2000:]) for name, process, output in zip(names, processes, outputs) if process.returncode]
+    done = subprocess.run([sys.executable, "-c", CONCURRENT_ADDS, str(folder), *names], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(outcome) == names
+    failed = [(name, output[-2000:]) for name, (status, output) in outcome.items() if status]
     assert not failed
+    assert all(f"registered {name!r}" in outcome[name][1] for name in names)
     for database in ("history/runs.db", "history/runs/index.db", "schedules/schedules.db"):
         assert len(_revisions(home / "dagster" / database)) == 1, database
     registered = sorted(json.loads((home / "datasets.json").read_text()))

@@ -1,6 +1,6 @@
-"""Evaluation through ir_measures (METHODS.md §5): hand-computed alpha-nDCG and StRecall, ndeval's greedy
-ideal and its tie-break, P@10 against a hand count, the multi-row-qrels trap, and properties over random
-instances checked against the definition; the calibration measures (Brier score, expected calibration
+"""Evaluation through ir_measures (METHODS.md §5): hand-computed alpha-nDCG, StRecall and vital-only StRecall,
+ndeval's greedy ideal and its tie-break, P@10 against a hand count, the multi-row-qrels trap, and properties over
+random instances checked against the definition; the calibration measures (Brier score, expected calibration
 error) on a hand-computed answer."""
 
 import math
@@ -12,7 +12,7 @@ import pytest
 from ir_measures import P, alpha_nDCG
 
 from covlab.models.metrics import (PER_QUERY_METRICS, binary_qrels, brier_score, diversity_qrels, evaluate_run,
-                                   expected_calibration_error)
+                                   expected_calibration_error, vital_nuggets)
 
 
 def links_frame(covers: dict[str, dict[str, list[str]]]) -> pd.DataFrame:
@@ -85,6 +85,40 @@ def test_alpha_ndcg_and_strecall_by_hand():
     assert metric(at2, "q", "alpha_ndcg@2") == pytest.approx(dcg2 / idcg2) == pytest.approx(0.739812, abs=1e-6)
     assert metric(at2, "q", "strecall@2") == pytest.approx(2 / 3)
     assert metric(at3, "q", "strecall@3") == 1.0
+
+
+def test_vital_strecall_by_hand():
+    """TOY with n2, n3 and n4 vital, n1 okay; run a, b, c. n4's only judgment is grade 0, so like StRecall the
+    vital-only measure leaves it out of the denominator: 2 vital nuggets with a relevant document.
+    @1: a covers n1 (okay) -> 0/2 = 0 (StRecall 1/3); @2: b adds n2 -> 1/2 (StRecall 2/3); @3: c adds n3 -> 2/2.
+    q_okay's nuggets are all okay: no vital judgment, so 0 (a query without judgments for a measure scores 0)."""
+    links = pd.concat([toy_links(), links_frame({"q_okay": {"a": ["m1"]}})], ignore_index=True)
+    vital = {("q", "n2"), ("q", "n3"), ("q", "n4")}
+    run = run_frame({"q": ["a", "b", "c"], "q_okay": ["a"]})
+    by_k = {k: evaluate_run(run, links, qrels_frame(links_frame(TOY)), k=k, vital=vital) for k in (1, 2, 3)}
+    assert [metric(by_k[k], "q", f"vital_strecall@{k}") for k in (1, 2, 3)] == [0.0, 0.5, 1.0]
+    assert [metric(by_k[k], "q", f"strecall@{k}") for k in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert metric(by_k[3], "q_okay", "vital_strecall@3") == 0.0
+    assert metric(by_k[3], "q_okay", "strecall@3") == 1.0
+
+
+def test_vital_strecall_is_strecall_when_every_nugget_is_vital_and_absent_without_grades():
+    covers, rankings = random_diversity_instances(2, 100)
+    links = links_frame(covers)
+    every = set(zip(links["query_id"], links["nugget_id"]))
+    measured = evaluate_run(run_frame(rankings), links, qrels_frame(links), k=5, vital=every)
+    wide = measured.pivot(index="query_id", columns="metric", values="value")
+    assert (wide["vital_strecall@5"] == wide["strecall@5"]).all()
+    ungraded = evaluate_run(run_frame(rankings), links, qrels_frame(links), k=5)  # no vital: the measure is left out
+    assert "vital_strecall@5" not in set(ungraded["metric"])
+    pd.testing.assert_frame_equal(ungraded, measured[measured["metric"] != "vital_strecall@5"].reset_index(drop=True))
+
+
+def test_vital_nuggets_reads_the_optional_importance_column():
+    plain = pd.DataFrame({"query_id": ["q", "q"], "nugget_id": ["n1", "n2"], "text": ["x", "y"]})
+    assert vital_nuggets(plain) is None
+    assert vital_nuggets(plain.assign(importance=["okay", "vital"])) == {("q", "n2")}
+    assert vital_nuggets(plain.assign(importance=["okay", "okay"])) == set()
 
 
 def test_ndeval_ideal_breaks_ties_toward_the_largest_doc_id_and_can_be_beaten():

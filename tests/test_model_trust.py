@@ -217,3 +217,37 @@ def test_an_alias_moved_to_a_version_that_does_not_load_or_verify_keeps_the_old_
     assert "JSONDecodeError" in broken_health["degraded"][0]["reason"]
     assert f"{NAME} v{unhashed} carries no content hash" in unhashed_health["degraded"][0]["reason"]
     assert back_health["status"] == "ok" and back_health["degraded"] == [] and back_methods["degraded"] == []
+
+
+def test_two_downloads_of_one_version_into_one_folder_at_once_keep_the_copy_that_landed_first(registry, monkeypatch):
+    """Two services starting on one home download the same version into its one folder: the download that finds
+    the other's verified copy in place when it is done keeps that copy, and a copy that is not the version's
+    files is never kept."""
+    import mlflow.artifacts
+
+    from covlab.resources.model_store import ModelStore
+
+    registry.register(1)
+    store = ModelStore(registry.uri)
+    ref = store.version_for_alias(NAME, "champion")
+    real, raced = mlflow.artifacts.download_artifacts, []
+
+    def racing(**kwargs):  # while this download runs, the other process's lands in `target`
+        local = real(**kwargs)
+        if not raced:
+            raced.append(True)
+            store.download(ref, target)
+            if tamper:
+                (target / RANKER_FILE).write_text("not the registered ranker")
+        return local
+
+    monkeypatch.setattr(mlflow.artifacts, "download_artifacts", racing)
+    for tamper in (False, True):
+        target, raced[:] = registry.folder / f"home-{tamper}" / "v1", []
+        if tamper:
+            with pytest.raises(OSError):
+                store.download(ref, target)
+        else:
+            assert store.download(ref, target) == target
+            assert directory_hash(target) == ref.tags[CONTENT_HASH_TAG]
+        assert raced and not any(p.name.startswith(".download-") for p in target.parent.iterdir())

@@ -55,6 +55,73 @@ def _stored(home, key: str) -> pd.DataFrame:
 
 
 @pytest.mark.slow
+def test_reproduce_a_figure_then_name_a_tampered_table_as_the_first_divergence(built, tmp_path):
+    """`covlab reproduce` rebuilds a figure's lineage in a scratch home and compares it asset by asset. One rebuild
+    shows both outcomes: in a copy of the built home a stored selection is altered; re-materializing the report from
+    it is refused (its bytes no longer have their writer's hash) unless the IO manager's accept_modified is set;
+    then the rebuild reproduces every other asset of the lineage byte for byte (the trainings of the estimator, the
+    bi-encoder and the LMVU ranker included) and names the altered selection as the first divergence, with what
+    differs. A checkout with uncommitted changes is refused unless --allow-dirty, before anything is rebuilt. (On
+    the tiny encoder: the same code path as `make demo`'s figures, at a fraction of its training time. First in
+    this module, before the tests below materialize other versions into the home.)"""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from covlab.resources.source import read_source_state
+
+    home = built["home"]
+    covlab = str(Path(sys.executable).parent / "covlab")
+    figure = ["--dataset", "demo", "--method", "coverage_greedy", "--metric", "alpha_ndcg@10", "--split", "test",
+              "--budget", "k=10", "--scratch", str(tmp_path)]
+    import torch
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
+    # The rebuild trains on as many threads as the build did (a suite worker may have set torch to one): a
+    # float sum's order, and so the trained weights, may depend on it.
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+
+    def run(where: Path, *command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([covlab, *command], env={**env, "COVLAB_HOME": str(where),
+                                                       "DAGSTER_HOME": str(where / "dagster")},
+                              capture_output=True, text=True, timeout=900)
+
+    if read_source_state().dirty:  # the build recorded this checkout's uncommitted changes: no commit holds them
+        refused = run(home, "reproduce", *figure)
+        assert refused.returncode == 2 and "uncommitted changes" in refused.stderr, refused.stderr[-2000:]
+
+    copy = tmp_path / "tampered"
+    shutil.copytree(home, copy)
+    stored = copy / "storage" / "selection_coverage_greedy" / "demo.parquet"
+    selection = pd.read_parquet(stored)
+    queries = pd.read_parquet(copy / "storage" / "queries" / "demo.parquet")
+    tested = selection["query_id"].isin(queries.loc[queries["split"] == "test", "query_id"])
+    selection.loc[tested, "rank"] = selection.loc[tested, "rank"].max() + 1 - selection.loc[tested, "rank"]
+    selection.to_parquet(stored, index=False)
+    refused = run(copy, "materialize", "--dataset", "demo", "--select", "coverage_report")
+    assert refused.returncode != 0 and f"{stored} was changed after run" in refused.stdout + refused.stderr
+    accepting = tmp_path / "accept_modified.yaml"  # the IO manager's documented override
+    accepting.write_text(json.dumps({"resources": {"io_manager": {"config": {
+        "base_dir": str(copy / "storage"), "accept_modified": True}}}}))
+    assert run(copy, "materialize", "--dataset", "demo", "--select", "coverage_report",
+               "--config", str(accepting)).returncode == 0
+    # The report was re-materialized just now: its lineage records the checkout as it is at this moment, clean or
+    # not, so the rebuild is allowed from this checkout either way (the refusal itself is tested above).
+    diverged = run(copy, "reproduce", *figure, "--allow-dirty")
+    assert diverged.returncode == 1, diverged.stdout[-3000:] + diverged.stderr[-3000:]
+    verdict = next(line for line in diverged.stdout.splitlines() if line.startswith("DIVERGED"))
+    assert verdict.startswith("DIVERGED at selection_coverage_greedy [demo]"), diverged.stdout
+    # the altered selection and the report made from it differ; every other asset of the lineage reproduced
+    rebuilt = int(re.search(r"rebuilt (\d+) assets", diverged.stdout).group(1))
+    assert f"the 2 of {rebuilt} assets whose content differs" in verdict and rebuilt > 10, verdict
+    assert "the stored value was altered after it was written" in diverged.stdout
+    assert "rank: max |difference|" in diverged.stdout
+    [kept] = tmp_path.glob("reproduce-*")  # kept for inspection, the trainings rebuilt in it
+    assert all((kept / "storage" / trained).is_dir() for trained in ("coverage_estimator", "coverage_biencoder"))
+
+
+@pytest.mark.slow
 def test_every_selection_has_k_documents_from_the_pool(built):
     home = built["home"]
     pools = _stored(home, "bm25_pools")
