@@ -27,7 +27,7 @@ from covlab.models.coverage import document_texts, queries_of
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
 from covlab.models.leaderboard import board, leaderboard
 from covlab.models.lmvu import LMVUSettings, load_rankers, save_rankers
-from covlab.models.metrics import RVC1
+from covlab.models.metrics import RVC1, vital_nuggets
 from covlab.models.plots import budget_chart, markdown_image
 from covlab.models.registry import ESTIMATOR, Coverage, Method, Report, methods
 from covlab.models.replay import RecordedDecisions
@@ -259,7 +259,7 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
                            inputs["corpus"], report_ids, inputs["nuggets"], inputs["nugget_links"])
     selections = {method: inputs[name] for method, name in SELECTIONS.items()}
     result = compare(selections, pools, inputs["nugget_links"], alpha=evaluation.alpha, baseline=config.baseline,
-                     seed=config.seed)
+                     seed=config.seed, vital=vital_nuggets(inputs["nuggets"]))
     headline = result.figures[result.figures["metric"] == HEADLINE_METRIC]
     headroom = (result.headroom[f"{HEADLINE_METRIC}_headroom"].rename("value").reset_index()
                 if f"{HEADLINE_METRIC}_headroom" in result.headroom else None)  # none: no oracle for it

@@ -19,7 +19,7 @@ import pandas as pd
 from covlab.models.lmvu import (FoldRanker, LMVUSettings, TrainedLMVU, fit_lmvu, fold_rankers,
                                 heldout_top1_accuracy, labelled_pools)
 from covlab.models.metrics import (ALPHA_NDCG, IOU, RANK_CUTOFF, REDUNDANCY, RVC1, RVC2, STRECALL, TOKENS,
-                                   evaluate_run)
+                                   VITAL_STRECALL, evaluate_run)
 from covlab.models.protocol import EvaluationProtocol
 from covlab.models.registry import Report, SelectorSettings, method, methods
 from covlab.models.report import method_means
@@ -41,7 +41,9 @@ LONG_ITEM_BUDGETS = (512, 1024, 2048)
 # What the comparison measures of every selection: coverage of the viewpoints, the ranked-list measures of the
 # selections that have a rank order (METHODS.md §5), and the selection's overlap, redundancy and cost.
 RANKED = (ALPHA_NDCG @ RANK_CUTOFF, STRECALL @ RANK_CUTOFF)
-RATE_METRICS = tuple(str(m) for m in (RVC1, RVC2, *RANKED, IOU, REDUNDANCY, TOKENS))
+# Measured of a dataset whose nuggets are graded vital or okay only (models/metrics.py vital_nuggets).
+VITAL_RANKED = VITAL_STRECALL @ RANK_CUTOFF
+RATE_METRICS = tuple(str(m) for m in (RVC1, RVC2, *RANKED, VITAL_RANKED, IOU, REDUNDANCY, TOKENS))
 # Metrics of the paired statistics.
 PAIRED_METRICS = tuple(str(m) for m in (RVC1, RVC2, ALPHA_NDCG @ RANK_CUTOFF))
 ATOM_MIN_WORDS = 3  # a sentence of fewer words is not an atom of its own (models/subquestions.split_sentences)
@@ -97,11 +99,13 @@ def resolve_budgets(configured: Sequence[int], token_counts: pd.DataFrame) -> tu
 
 
 def comparison_figures(selections: Mapping[str, pd.DataFrame], query_pools: Mapping[str, QueryPool],
-                       nugget_links: pd.DataFrame, alpha: float) -> pd.DataFrame:
+                       nugget_links: pd.DataFrame, alpha: float,
+                       vital: set[tuple[str, str]] | None = None) -> pd.DataFrame:
     """COMPARISON_FIGURES of every method's selections: per query and budget RVC1, RVC2, tokens, IOU against
     the gold evidence (pool documents linked to a nugget of the query), redundancy, and for ordered methods
-    alpha-nDCG@10 and StRecall@10 of the selection order (ir_measures, models/metrics.py). Queries without
-    viewpoints have no RVC; IOU is left out when nothing is selected and nothing is gold.
+    alpha-nDCG@10 and StRecall@10 of the selection order (ir_measures, models/metrics.py), with `vital` (the
+    vital nuggets of a graded dataset) vital_strecall@10 too. Queries without viewpoints have no RVC; IOU is
+    left out when nothing is selected and nothing is gold.
 
     A method is measured on every pool of `query_pools`, except the exact oracles and the methods on
     estimated coverage, which are measured on the queries their selections name (the oracle skips refused
@@ -120,13 +124,13 @@ def comparison_figures(selections: Mapping[str, pd.DataFrame], query_pools: Mapp
                 rows += _set_measures(name, int(budget), query_pools[query_id], chosen.get((query_id, budget), []))
             if entry.ordered:
                 run = table[(table["budget"] == budget) & table["query_id"].isin(measured)]
-                ranked = evaluate_run(run, nugget_links, no_qrels, k=RANK_CUTOFF, alpha=alpha)
+                ranked = evaluate_run(run, nugget_links, no_qrels, k=RANK_CUTOFF, alpha=alpha, vital=vital)
                 ranked = ranked[ranked["metric"].isin(RATE_METRICS)]
                 scored = set(ranked["query_id"])
                 rows += [(name, int(budget), q, query_pools[q].split, m, v)
                          for q, m, v in ranked[["query_id", "metric", "value"]].itertuples(index=False)]
                 rows += [(name, int(budget), q, query_pools[q].split, m, 0.0) for q in measured if q not in scored
-                         for m in map(str, RANKED)]
+                         for m in map(str, RANKED + ((VITAL_RANKED,) if vital is not None else ()))]
     frame = pd.DataFrame(rows, columns=list(COMPARISON_FIGURES.columns))
     return COMPARISON_FIGURES.conform(frame, source="comparison_figures")
 
@@ -254,9 +258,11 @@ class Comparison:
 
 
 def compare(selections: Mapping[str, pd.DataFrame], query_pools: Mapping[str, QueryPool],
-            nugget_links: pd.DataFrame, *, alpha: float, baseline: str, seed: int) -> Comparison:
+            nugget_links: pd.DataFrame, *, alpha: float, baseline: str, seed: int,
+            vital: set[tuple[str, str]] | None = None) -> Comparison:
     """Every method's selections over the pools of `query_pools` (the reported queries) measured, averaged,
-    set against the exact oracles and compared pairwise (`comparison_pairs`)."""
+    set against the exact oracles and compared pairwise (`comparison_pairs`); `vital`: the vital nuggets of a
+    dataset whose nuggets are graded (models/metrics.py vital_nuggets), measured by vital_strecall@10 too."""
     reported = {name: table[table["query_id"].isin(set(query_pools))] for name, table in selections.items()}
     if baseline not in reported:
         raise ValueError(f"the baseline {baseline!r} is not among the compared methods {sorted(reported)}")
@@ -264,7 +270,7 @@ def compare(selections: Mapping[str, pd.DataFrame], query_pools: Mapping[str, Qu
         raise ValueError(f"the baseline {baseline!r} selected nothing for the {len(query_pools)} reported queries "
                          "at any budget: no paired statistics without it (is every budget below every item's "
                          "token count?)")
-    figures = comparison_figures(reported, query_pools, nugget_links, alpha)
+    figures = comparison_figures(reported, query_pools, nugget_links, alpha, vital)
     names = [m.name for m in methods(Report.COMPARISON) if m.name in reported]
     return Comparison(figures, summary_table(figures, names), headroom_table(figures),
                       paired_table(figures, comparison_pairs(names, baseline), seed))

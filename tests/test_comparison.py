@@ -302,3 +302,28 @@ def test_markdown_tables_have_flat_labels_never_tuples():
     header = markdown(wide).splitlines()[0]
     assert "alpha_ndcg@10 / bm25" in header and "alpha_ndcg@10 / mcompass" in header and "(" not in header
     assert markdown(pd.DataFrame()) == "n/a"
+
+
+def test_graded_nuggets_add_vital_strecall_which_is_strecall_over_the_vital_links_alone(tables, all_selections,
+                                                                                       comparison):
+    """A dataset whose nuggets are graded vital or okay (TREC RAG 2024) is also measured by vital_strecall@10 at
+    every budget; with every nugget vital it is StRecall@10 itself, with some it is StRecall@10 of a comparison that
+    sees only the vital nuggets' links; ungraded datasets (the others, the demo) never get it."""
+    pools, selections, _ = all_selections
+    links, nuggets = tables["nugget_links"], tables["nuggets"]
+    assert "vital_strecall@10" not in set(comparison.figures["metric"])
+    every = set(zip(nuggets["query_id"], nuggets["nugget_id"]))
+    graded = compare(selections, pools, links, alpha=0.5, baseline="relevance", seed=0, vital=every)
+    figures = graded.figures.set_index(["method", "budget", "query_id", "metric"])["value"].unstack("metric")
+    assert figures["vital_strecall@10"].notna().sum() > 50
+    assert np.allclose(figures["vital_strecall@10"].dropna(), figures.loc[figures["vital_strecall@10"].notna(),
+                                                                         "strecall@10"])
+    half = {pair for i, pair in enumerate(sorted(every)) if i % 2 == 0}
+    some = compare(selections, pools, links, alpha=0.5, baseline="relevance", seed=0, vital=half)
+    alone = compare(selections, pools, links[[(q, n) in half for q, n in zip(links["query_id"], links["nugget_id"])]],
+                    alpha=0.5, baseline="relevance", seed=0)
+    vital = some.figures[some.figures["metric"] == "vital_strecall@10"].set_index(["method", "budget", "query_id"])
+    strecall = alone.figures[alone.figures["metric"] == "strecall@10"].set_index(["method", "budget", "query_id"])
+    both = vital["value"].to_frame("vital").join(strecall["value"].rename("alone"), how="inner")
+    assert len(both) > 50 and np.allclose(both["vital"], both["alone"])
+    assert "vital_strecall@10" in some.summary.columns
