@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from ir_measures import P, StRecall, alpha_nDCG, nDCG
 
-from covlab.models.schemas import PER_QUERY_METRICS
+from covlab.models.schemas import FULL_SUPPORT, PER_QUERY_METRICS
 
 NDEVAL_MAX_CUTOFF = 20  # ndeval's compiled limit
 CALIBRATION_BINS = 10  # equal-width probability bins of the expected calibration error
@@ -52,7 +52,8 @@ class Measure:
 ALPHA_NDCG = Measure("alpha_ndcg", description="alpha-nDCG (Clarke et al. 2008; ndeval's greedy ideal), METHODS.md §5")
 STRECALL = Measure("strecall", description="subtopic recall: covered nuggets / nuggets with a relevant document")
 VITAL_STRECALL = Measure("vital_strecall", description="subtopic recall over the vital nuggets only (TREC RAG 2024's "
-                         "vital score): covered vital nuggets / vital nuggets with a relevant document")
+                         "strict vital score): vital nuggets fully supported in the top k / vital nuggets with a fully "
+                         "supporting document")
 PRECISION = Measure("p", description="precision over the document judgments (pytrec_eval)")
 NDCG = Measure("ndcg", description="nDCG over the document judgments (pytrec_eval)")
 RVC1 = Measure("rvc1", description="share of viewpoints with at least one selected supporting item (METHODS.md §2)")
@@ -100,7 +101,8 @@ def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFr
                  alpha: float = 0.5, vital: set[tuple[str, str]] | None = None) -> pd.DataFrame:
     """PER_QUERY_METRICS for a run (query_id, doc_id, rank; rank 1 first): alpha_ndcg@k and strecall@k
     (ndeval, alpha as given), p@k and ndcg@k (pytrec_eval), and with `vital` ((query_id, nugget_id) of the vital
-    nuggets, `vital_nuggets`) vital_strecall@k: StRecall over the links of those nuggets alone. Every query of the
+    nuggets, `vital_nuggets`) vital_strecall@k: StRecall over the full-support links (grade FULL_SUPPORT) of those
+    nuggets alone. Every query of the
     run gets every metric; judgments of queries outside the run are ignored."""
     if not 1 <= k <= NDEVAL_MAX_CUTOFF:
         raise ValueError(f"k must be between 1 and {NDEVAL_MAX_CUTOFF} (ndeval's cutoff limit); got {k}")
@@ -117,9 +119,10 @@ def evaluate_run(run: pd.DataFrame, nugget_links: pd.DataFrame, qrels: pd.DataFr
         str(PRECISION @ k): (P @ k, binary_qrels(judged)),
         str(NDCG @ k): (nDCG @ k, binary_qrels(judged)),
     }
-    if vital is not None:
+    if vital is not None:  # TREC RAG's strict vital score: a vital nugget is met by a passage that fully supports it
         nuggets = pd.MultiIndex.from_arrays([links["query_id"].astype(str), links["nugget_id"].astype(str)])
-        measures[str(VITAL_STRECALL @ k)] = (StRecall @ k, diversity_qrels(links[nuggets.isin(list(vital))]))
+        strict = links[nuggets.isin(list(vital)) & (links["grade"] >= FULL_SUPPORT)]
+        measures[str(VITAL_STRECALL @ k)] = (StRecall @ k, diversity_qrels(strict))
     rows = []
     for name, (measure, measure_qrels) in measures.items():
         values = ({m.query_id: m.value for m in ir_measures.iter_calc([measure], measure_qrels, scored)}

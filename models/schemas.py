@@ -92,6 +92,9 @@ QUERIES = Schema("queries", {"query_id": "string", "text": "string", "split": "s
                  key=("query_id",), defaults={"topic": "query_id"})
 # What NIST's assessors grade a TREC RAG nugget: vital (an answer must have it) or okay (good to have).
 NUGGET_IMPORTANCE = ("vital", "okay")
+# The link grade of a passage that fully supports a nugget (nuggetizer's `support`; `partial_support` links with
+# grade 1): TREC RAG's strict vital score counts a vital nugget met only by full support.
+FULL_SUPPORT = 2
 # importance (one of NUGGET_IMPORTANCE): only the nuggets of formats that grade them have it (trec-rag24), and only
 # they get the vital-only measure (models/metrics.py VITAL_STRECALL). Not in the asset's declared column schema,
 # which every dataset's stored table matches.

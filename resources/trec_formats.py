@@ -13,7 +13,7 @@ from pathlib import Path
 from collections.abc import Callable, Iterator
 
 from covlab.models.dataset import Origin
-from covlab.models.schemas import NUGGET_IMPORTANCE, QRELS, DatasetError
+from covlab.models.schemas import FULL_SUPPORT, NUGGET_IMPORTANCE, QRELS, DatasetError
 from covlab.resources.files import excerpt, read_lines
 from covlab.resources.release_files import (Passage, ReadTables, Record, Rows, ident, keep_named, known_query,
                                             number, read_records, read_rows, read_topics, required, shards,
@@ -27,7 +27,7 @@ ASSIGNMENT_RECORD = ("a nuggetizer assignment {text, qid, candidate_text, docid,
 REQUEST_RECORD = "a ragnarok request {query: {qid, text}, candidates: [{docid, score, doc}]}"
 CORPUS_RECORD = "a passage {docid or _id or id, text or contents or segment, title (optional)}"
 # Link grade of each assignment label of nuggetizer's support grading; not_support links nothing.
-SUPPORT_GRADES = {"support": 2, "partial_support": 1, "not_support": 0}
+SUPPORT_GRADES = {"support": FULL_SUPPORT, "partial_support": 1, "not_support": 0}
 QRELS_FIELDS = ("qid", "iteration", "docid", "relevance")
 RUN_FIELDS = ("qid", "Q0", "docid", "rank", "score", "tag")
 

@@ -15,7 +15,7 @@ from covlab.models.protocol import EvaluationProtocol
 from covlab.models.registry import Report, SelectorSettings, method, methods
 from covlab.models.report import report_figures
 from covlab.models.runs import ByQuery, run_method
-from covlab.models.schemas import QUERIES
+from covlab.models.schemas import FULL_SUPPORT, QUERIES
 from covlab.models.selection import embedded_pools
 from covlab.models.selectors import Budget
 from covlab.models.trust import EstimateTrust
@@ -304,13 +304,15 @@ def test_markdown_tables_have_flat_labels_never_tuples():
     assert markdown(pd.DataFrame()) == "n/a"
 
 
-def test_graded_nuggets_add_vital_strecall_which_is_strecall_over_the_vital_links_alone(tables, all_selections,
-                                                                                       comparison):
+def test_graded_nuggets_add_vital_strecall_which_is_strecall_over_the_full_support_of_vital_nuggets(
+        tables, all_selections, comparison):
     """A dataset whose nuggets are graded vital or okay (TREC RAG 2024) is also measured by vital_strecall@10 at
-    every budget; with every nugget vital it is StRecall@10 itself, with some it is StRecall@10 of a comparison that
-    sees only the vital nuggets' links; ungraded datasets (the others, the demo) never get it."""
+    every budget: StRecall@10 over the links of full support (grade 2) of its vital nuggets alone, TREC RAG's strict
+    vital score; with every nugget vital and every link full support it is StRecall@10 itself. Ungraded datasets
+    (the others, the demo) never get it."""
     pools, selections, _ = all_selections
-    links, nuggets = tables["nugget_links"], tables["nuggets"]
+    nuggets = tables["nuggets"]
+    links = tables["nugget_links"].assign(grade=FULL_SUPPORT)
     assert "vital_strecall@10" not in set(comparison.figures["metric"])
     every = set(zip(nuggets["query_id"], nuggets["nugget_id"]))
     graded = compare(selections, pools, links, alpha=0.5, baseline="relevance", seed=0, vital=every)
@@ -319,9 +321,11 @@ def test_graded_nuggets_add_vital_strecall_which_is_strecall_over_the_vital_link
     assert np.allclose(figures["vital_strecall@10"].dropna(), figures.loc[figures["vital_strecall@10"].notna(),
                                                                          "strecall@10"])
     half = {pair for i, pair in enumerate(sorted(every)) if i % 2 == 0}
-    some = compare(selections, pools, links, alpha=0.5, baseline="relevance", seed=0, vital=half)
-    alone = compare(selections, pools, links[[(q, n) in half for q, n in zip(links["query_id"], links["nugget_id"])]],
-                    alpha=0.5, baseline="relevance", seed=0)
+    partial = links.assign(grade=[1 if i % 3 == 0 else FULL_SUPPORT for i in range(len(links))])
+    some = compare(selections, pools, partial, alpha=0.5, baseline="relevance", seed=0, vital=half)
+    strict = partial[[(q, n) in half and g == FULL_SUPPORT
+                      for q, n, g in zip(partial["query_id"], partial["nugget_id"], partial["grade"])]]
+    alone = compare(selections, pools, strict, alpha=0.5, baseline="relevance", seed=0)
     vital = some.figures[some.figures["metric"] == "vital_strecall@10"].set_index(["method", "budget", "query_id"])
     strecall = alone.figures[alone.figures["metric"] == "strecall@10"].set_index(["method", "budget", "query_id"])
     both = vital["value"].to_frame("vital").join(strecall["value"].rename("alone"), how="inner")

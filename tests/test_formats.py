@@ -16,7 +16,7 @@ from dagster import AssetKey
 
 from covlab.models.dataset import TABLES, table_problems
 from covlab.models.metrics import vital_nuggets
-from covlab.models.schemas import NUGGETS, DatasetError
+from covlab.models.schemas import FULL_SUPPORT, NUGGETS, DatasetError
 from covlab.models.versions import content_version, file_hash
 from covlab.resources.datasets import DatasetRegistry, read_dataset
 from covlab.resources.files import read_jsonl, read_tsv, recording_sources
@@ -105,8 +105,8 @@ def test_trec_rag24_nuggets_keep_their_importance():
 
 def test_the_coverage_report_scores_vital_nuggets_only_where_nuggets_are_graded(demo_dataset):
     """The coverage report's evaluation (models/report.py, reading the nuggets input of assets/report.py) adds
-    vital_strecall@k for trec-rag24, equal to its definition: the vital nuggets the first k candidates cover over
-    the vital nuggets with a covering passage; the demo's figures are the four measures they always were."""
+    vital_strecall@k for trec-rag24, equal to its definition: the vital nuggets the first k candidates fully support
+    over the vital nuggets with a fully supporting passage (TREC RAG's strict vital score); the demo's figures are the four measures they always were."""
     from covlab.assets.report import coverage_report
     from covlab.models.report import evaluate_selections
 
@@ -115,7 +115,8 @@ def test_the_coverage_report_scores_vital_nuggets_only_where_nuggets_are_graded(
     run = ds.candidates.assign(rank=ds.candidates.groupby("query_id").cumcount() + 1)
     per_query = evaluate_selections({"pool": run}, ds.nugget_links, ds.qrels, ds.queries, 3, 0.5,
                                     vital_nuggets(ds.nuggets))
-    vital = ds.nugget_links.merge(ds.nuggets[ds.nuggets["importance"] == "vital"], on=["query_id", "nugget_id"])
+    full = ds.nugget_links[ds.nugget_links["grade"] >= FULL_SUPPORT]  # a partial support does not meet it
+    vital = full.merge(ds.nuggets[ds.nuggets["importance"] == "vital"], on=["query_id", "nugget_id"])
     top = vital.merge(run[run["rank"] <= 3], on=["query_id", "doc_id"])
     expected = (top.groupby("query_id")["nugget_id"].nunique() / vital.groupby("query_id")["nugget_id"].nunique())
     measured = per_query[per_query["metric"] == "vital_strecall@3"].set_index("query_id")["value"]

@@ -13,6 +13,7 @@ from ir_measures import P, alpha_nDCG
 
 from covlab.models.metrics import (PER_QUERY_METRICS, binary_qrels, brier_score, diversity_qrels, evaluate_run,
                                    expected_calibration_error, vital_nuggets)
+from covlab.models.schemas import FULL_SUPPORT
 
 
 def links_frame(covers: dict[str, dict[str, list[str]]]) -> pd.DataFrame:
@@ -88,23 +89,28 @@ def test_alpha_ndcg_and_strecall_by_hand():
 
 
 def test_vital_strecall_by_hand():
-    """TOY with n2, n3 and n4 vital, n1 okay; run a, b, c. n4's only judgment is grade 0, so like StRecall the
-    vital-only measure leaves it out of the denominator: 2 vital nuggets with a relevant document.
-    @1: a covers n1 (okay) -> 0/2 = 0 (StRecall 1/3); @2: b adds n2 -> 1/2 (StRecall 2/3); @3: c adds n3 -> 2/2.
-    q_okay's nuggets are all okay: no vital judgment, so 0 (a query without judgments for a measure scores 0)."""
-    links = pd.concat([toy_links(), links_frame({"q_okay": {"a": ["m1"]}})], ignore_index=True)
+    """TOY with n2, n3 and n4 vital, n1 okay, every link full support, plus a partial support of n2 by a; run a, b,
+    c. n4's only judgment is grade 0, so like StRecall the vital-only measure leaves it out of the denominator: 2
+    vital nuggets with a fully supporting document. @1: a covers n1 (okay) and supports n2 only partially, which
+    TREC RAG's strict vital score does not count -> 0/2 = 0 (StRecall, any grade: 2/3); @2: b supports n2 fully ->
+    1/2 (StRecall 2/3); @3: c adds n3 -> 2/2. q_okay's nuggets are all okay: no vital judgment, so 0 (a query
+    without judgments for a measure scores 0)."""
+    full = links_frame(TOY).assign(grade=FULL_SUPPORT)
+    partial = links_frame({"q": {"a": ["n2"]}})  # grade 1
+    links = pd.concat([full, partial, toy_links().tail(1), links_frame({"q_okay": {"a": ["m1"]}})],
+                      ignore_index=True)
     vital = {("q", "n2"), ("q", "n3"), ("q", "n4")}
     run = run_frame({"q": ["a", "b", "c"], "q_okay": ["a"]})
     by_k = {k: evaluate_run(run, links, qrels_frame(links_frame(TOY)), k=k, vital=vital) for k in (1, 2, 3)}
     assert [metric(by_k[k], "q", f"vital_strecall@{k}") for k in (1, 2, 3)] == [0.0, 0.5, 1.0]
-    assert [metric(by_k[k], "q", f"strecall@{k}") for k in (1, 2, 3)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert [metric(by_k[k], "q", f"strecall@{k}") for k in (1, 2, 3)] == pytest.approx([2 / 3, 2 / 3, 1.0])
     assert metric(by_k[3], "q_okay", "vital_strecall@3") == 0.0
     assert metric(by_k[3], "q_okay", "strecall@3") == 1.0
 
 
 def test_vital_strecall_is_strecall_when_every_nugget_is_vital_and_absent_without_grades():
     covers, rankings = random_diversity_instances(2, 100)
-    links = links_frame(covers)
+    links = links_frame(covers).assign(grade=FULL_SUPPORT)
     every = set(zip(links["query_id"], links["nugget_id"]))
     measured = evaluate_run(run_frame(rankings), links, qrels_frame(links), k=5, vital=every)
     wide = measured.pivot(index="query_id", columns="metric", values="value")
