@@ -25,7 +25,6 @@ import pybase64
 from pydantic import TypeAdapter
 
 from covlab.models.comparison import atom_sentences
-from covlab.models.encoders import ENCODER_MAX_LENGTH
 from covlab.models.explain import Reason, explain
 from covlab.models.biencoder import coverage_anchor
 from covlab.models.registry import (METHOD, Coverage, Method, PoolOrder, Role, SelectorSettings, TrainedSelector,
@@ -37,9 +36,6 @@ from covlab.resources.model_store import (CONTENT_HASH_TAG, PROMOTED_BY_TAG, Mod
                                          WeightsChanged, recorded_decisions, weights_change)
 from covlab.serving.shared import served_models, shared_encoder
 
-# The tokens of a text the encoder reads: its max_length less the [CLS] and [SEP] of the BERT-family encoders
-# covlab uses; TokenCounter counts without them, and in full.
-ENCODER_TOKENS = ENCODER_MAX_LENGTH - 2
 # Bytes of texts and counts a selector's token counter keeps, the least recently counted dropped first
 # (models/tokens.py `max_cached_bytes`): a long-lived caller's memory stays bounded whatever texts it is sent, however
 # long (~3,300 texts of 20,000 characters, or ~250,000 of a sentence).
