@@ -6,13 +6,16 @@ report cannot disagree."""
 
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 from dagster import AssetExecutionContext, AssetIn, AssetKey, Config, Failure, MetadataValue, Output, asset
 from pydantic import Field
 
-from covlab.assets.model_registry import load_registered_model, record_decisions, serving_of, training_run
+from covlab.assets.adoption import adopted_models
+from covlab.assets.model_registry import (adopt_model, adoption_metadata, load_registered_model, record_decisions,
+                                         serving_of, source_replay, trained_output, training_run)
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
@@ -22,6 +25,7 @@ from covlab.assets.reporting import Publication, leaderboard_entries, publish_re
 from covlab.models.comparison import (compare, embed_items,
                                       markdown, method_protocols, pool_token_counts, resolve_budgets,
                                       train_lmvu_ranker)
+from covlab.models.adoption import REPLAYED
 from covlab.models.biencoder import load_first_stage
 from covlab.models.coverage import document_texts, queries_of
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
@@ -39,6 +43,7 @@ from covlab.models.selectors import Budget
 from covlab.models.tokens import TokenCounter
 from covlab.models.trust import blend_table
 from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.results_store import ResultsStore
@@ -111,18 +116,25 @@ class LMVUConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="3",
-       kinds={"sklearn", "mlflow"}, owners=OWNERS)
+       kinds={"sklearn", "mlflow"}, owners=OWNERS, deps=[adopted_models])
 def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: pd.DataFrame,
                 queries: pd.DataFrame, corpus: pd.DataFrame, item_embeddings: pd.DataFrame,
                 token_counts: pd.DataFrame, nuggets: pd.DataFrame, nugget_links: pd.DataFrame,
-                evaluation: EvaluationResource, tracking: TrackingResource,
-                artifacts: ArtifactStore) -> Output[TrainedModel]:
+                evaluation: EvaluationResource, tracking: TrackingResource, artifacts: ArtifactStore,
+                datasets: DatasetRegistry) -> Output[TrainedModel]:
     """The LMVU ranker (METHODS.md §2) trained pairwise on sampled states of the train queries, C chosen on
     the tune split (models/comparison.train_lmvu_ranker); under grouped_cv also one ranker per topic-grouped
     fold, trained here so that every model a figure rests on is registered and costed. Registered in MLflow as
     `covlab.<dataset>.lmvu_ranker` (the fold rankers in the same version) with its dev score for champion
     promotion (model_promotions): the mean RVC1 of its budgeted selections on the tune split, as the comparison
-    reports it, and its gate's figures (held-out top-1 accuracy against chance)."""
+    reports it, and its gate's figures (held-out top-1 accuracy against chance). A dataset that adopts another's
+    models takes that version instead, its gate's figures those its own training recorded."""
+    source = datasets.models_source(context.partition_key)
+    if source is not None:
+        adopted = adopt_model(context, tracking, artifacts, "lmvu_ranker", source)
+        adopted = replace(adopted, adoption=replace(adopted.adoption, figures_from=REPLAYED.format(
+            dataset=adopted.adoption.trained_on)))
+        return trained_output(tracking, adopted, metadata=adoption_metadata(adopted, source))
     protocol = evaluation.evaluation_protocol()
     budgets = resolve_budgets(evaluation.token_budgets, token_counts)
     ids = (set(bm25_pools["query_id"]) if protocol.cross_validated
@@ -157,7 +169,7 @@ def lmvu_ranker(context: AssetExecutionContext, config: LMVUConfig, bm25_pools: 
                                                   for b, v in result.dev_rvc1_by_budget.items()}},
                                       serving=serving_of("lmvu_ranker", *request))
     figures = {"dev_rvc1": result.dev_rvc1, "dev_top1_accuracy": result.top1, "dev_top1_chance": result.chance}
-    return content_output(TrainedModel(model, figures, config.model_dump(), protocol.kind), metadata={
+    return trained_output(tracking, TrainedModel(model, figures, config.model_dump(), protocol.kind), metadata={
         "coefficients": MetadataValue.json(trained.coefficients()),
         "dev_pairwise_accuracy": trained.dev_accuracy[trained.C], "evidence": MetadataValue.json(evidence),
         "dev_rvc1": result.dev_rvc1,
@@ -174,7 +186,10 @@ def _trained_model(method: Method, value: TrainedModel, protocol, tracking: Trac
                    artifacts: ArtifactStore):
     """The model a trained method's selector applies, from its registered version: the ranker under split,
     the fold rankers by evaluated query under grouped_cv (refused when the version was trained under another
-    protocol than the selection runs under)."""
+    protocol than the selection runs under). A ranker adopted from another dataset was trained on none of this
+    one's queries: its ranker applies to every query, under either protocol."""
+    if value.adoption is not None:
+        return load_rankers(Path(load_registered_model(value, tracking, artifacts)))[0]
     if value.protocol != protocol.kind:
         raise Failure(f"{method.trained} was trained under protocol {value.protocol!r}, the evaluation resource "
                       f"says {protocol.kind!r}: re-materialize {method.trained}")
@@ -214,8 +229,8 @@ def budgeted_selection_asset(method: Method):
         model = (_trained_model(method, inputs["model"], protocol, tracking, artifacts)
                  if method.trained is not None else None)
         estimator = inputs.get("estimator")
-        trust = (evaluation.estimate_trust(estimator.figure("dev_auc"), inputs["nugget_links"]) if estimator
-                 else None)
+        trust = (evaluation.estimate_trust(estimator.figure("dev_auc"), inputs["nugget_links"],
+                                           source_replay(tracking, estimator, method.name)) if estimator else None)
         run = run_method(method, pools, [Budget(tokens=b) for b in budgets], evaluation.selector_settings(),
                          model=model, coverage=inputs.get("coverage"), trust=trust)
         if estimator is not None:
@@ -274,7 +289,7 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
         report_figures(result.figures, context.partition_key, k=None),
         {method: [AssetKey(name)] for method, name in SELECTIONS.items()}, result.figures, [HEADLINE_METRIC],
         metadata={
-            **leaderboard_entries(ranked, config.baseline),
+            **leaderboard_entries(context, ranked, config.baseline),
             "summary": MetadataValue.md(markdown(result.summary, 3)),
             "figure": MetadataValue.md(markdown_image(budget_chart(
                 headline, f"{HEADLINE_METRIC} (mean over queries) vs token budget"), HEADLINE_METRIC)),

@@ -2,6 +2,7 @@
 coverage bi-encoder, pool scores and estimated coverage matrices."""
 
 import tempfile
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -9,17 +10,20 @@ import pandas as pd
 from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
 from pydantic import Field
 
+from covlab.assets.adoption import adopted_models
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_registered_model, serving_of, training_run
+from covlab.assets.model_registry import (adopt_model, adoption_metadata, load_registered_model, serving_of,
+                                         trained_output, training_run)
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.assets.progress import step_progress
 from covlab.models import prompts
 from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
                                      save_biencoder, train_coverage_biencoder)
+from covlab.models.adoption import REPLAYED, TARGET_TUNE, ModelSource
 from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned, gold_judgments,
-                                    labelled_pairs, pool_pairs, queries_of, rated_judgments, save_estimator,
-                                    training_pairs)
+                                    held_out_figures, labelled_pairs, load_estimator_scorer, pool_pairs, queries_of,
+                                    rated_judgments, save_estimator, training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
 from covlab.models.matcher import train_matcher
@@ -28,6 +32,7 @@ from covlab.models.subquestions import (POOL_DEPTH, FocusSettings, focused_decom
                                         grounded_decomposition)
 from covlab.models.windows import WindowSelection
 from covlab.resources.artifacts import ArtifactStore
+from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
@@ -113,9 +118,15 @@ def coverage_judgments(context: AssetExecutionContext, config: JudgmentConfig, q
                        bm25_pools: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
                        nugget_links: pd.DataFrame, corpus: pd.DataFrame, llm: LLMResource) -> Output[pd.DataFrame]:
     """The judged coverage matrix of the training splits: (query_id, doc_id, subq_id, split, rating, covered).
-    Gold judgments judge the gold nuggets (subq_id = nugget_id), whatever the subquestions mode."""
-    judged_queries = queries_of(queries, config.splits)
+    Gold judgments judge the gold nuggets (subq_id = nugget_id), whatever the subquestions mode. A dataset with
+    none of those splits (a test split only: it adopts its trained models, models/adoption.py) judges nothing."""
     metadata = {"config": MetadataValue.json(config.model_dump())}
+    present = [split for split in config.splits if split in set(queries["split"])]
+    if not present:
+        return content_output(JUDGMENTS.empty(), metadata={**metadata, "pairs": 0, "judged": MetadataValue.md(
+            f"nothing: the dataset has no {' or '.join(config.splits)} queries (its splits: "
+            f"{', '.join(sorted(set(queries['split'])))})")})
+    judged_queries = queries_of(queries, present)
     if config.judge == "gold":
         pairs = pool_pairs(bm25_pools, gold_subquestions(nuggets), judged_queries, config.pool_depth)
         table = gold_judgments(pairs, nugget_links)
@@ -169,17 +180,22 @@ class EstimatorConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="3", **gpu_step(),
-       kinds={"pytorch", "mlflow"}, owners=OWNERS)
+       kinds={"pytorch", "mlflow"}, owners=OWNERS, deps=[adopted_models])
 @reports_peak_rss
 def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, coverage_judgments: pd.DataFrame,
                        subquestions: pd.DataFrame, nuggets: pd.DataFrame, corpus: pd.DataFrame,
-                       device: DeviceResource, tracking: TrackingResource,
-                       artifacts: ArtifactStore) -> Output[TrainedModel]:
+                       device: DeviceResource, tracking: TrackingResource, artifacts: ArtifactStore,
+                       datasets: DatasetRegistry) -> Output[TrainedModel]:
     """The coverage estimator, fine-tuned on judged (subquestion, document) pairs: a cross-encoder (BCE,
     early stopping on the dev split) or a bi-encoder matcher (`architecture`); registered in MLflow as
-    `covlab.<dataset>.coverage_estimator`."""
+    `covlab.<dataset>.coverage_estimator`. A dataset that adopts another's models takes that version instead,
+    its gate's figures measured on this dataset's dev pairs where it has some (`adopted_estimator`)."""
     context.log.info(device.describe())
     texts, subqs = document_texts(corpus), _judged_subquestions(subquestions, nuggets)
+    source = datasets.models_source(context.partition_key)
+    if source is not None:
+        return adopted_estimator(context, adopt_model(context, tracking, artifacts, "coverage_estimator", source),
+                                 source, coverage_judgments, subqs, texts, config, device, tracking)
     train = training_pairs(coverage_judgments, subqs, texts, "train", config.negatives_per_positive, config.seed,
                            config.max_train_pairs)
     dev = training_pairs(coverage_judgments, subqs, texts, "dev", None, config.seed)
@@ -210,8 +226,8 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                                                          {"k": 3}))
     # The dev figures travel with the model record: the estimator gate of the selections reads dev_auc, its
     # check records all three (assets/checks.py).
-    return content_output(TrainedModel(model, {"dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
-                                               "dev_ece": trained.dev_ece}, config.model_dump()), metadata={
+    return trained_output(tracking, TrainedModel(model, {"dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier,
+                                                         "dev_ece": trained.dev_ece}, config.model_dump()), metadata={
         "dev_auc": trained.dev_auc, "dev_brier": trained.dev_brier, "dev_ece": trained.dev_ece,
         "best_epoch": trained.best_epoch, "history": MetadataValue.json(trained.history),
         "train_pairs": len(train), "dev_pairs": len(dev), "pairs_per_split": MetadataValue.json(sizes),
@@ -219,6 +235,29 @@ def coverage_estimator(context: AssetExecutionContext, config: EstimatorConfig, 
                                    else "all judged pairs"),
         "model_uri": model.uri, **training.metadata(TrainingSummary(epochs=len(trained.history), pairs=len(train))),
         "config": MetadataValue.json(config.model_dump())})
+
+
+def adopted_estimator(context: AssetExecutionContext, adopted: TrainedModel, source: ModelSource,
+                      judgments: pd.DataFrame,
+                      subqs: pd.DataFrame, texts: dict[str, str], config: EstimatorConfig, device: DeviceResource,
+                      tracking: TrackingResource) -> Output[TrainedModel]:
+    """An adopted estimator's value: the figures its gate reads measured on this dataset's judged dev pairs, as
+    its training measured them on its own; without judged dev pairs of both labels here, the figures its own
+    training recorded, replayed (models/adoption.py says which in `figures_from`)."""
+    dev = judgments[judgments["split"] == "dev"]
+    pairs = training_pairs(judgments, subqs, texts, "dev", None, config.seed) if len(dev) else dev
+    measured = held_out_figures(load_estimator_scorer(adopted.model.path, batch_size=config.batch_size,
+                                                      device=device.torch_device(),
+                                                      autocast_dtype=device.autocast_dtype(),
+                                                      progress=step_progress(context)), pairs) if len(pairs) else None
+    figures_from = (TARGET_TUNE.format(split="dev") if measured is not None
+                    else REPLAYED.format(dataset=adopted.adoption.trained_on)
+                    + " (this dataset has no judged dev pairs of both labels)")
+    value = replace(adopted, figures={**adopted.figures, **(measured or {})},
+                    adoption=replace(adopted.adoption, figures_from=figures_from))
+    return trained_output(tracking, value, metadata={
+        **{name: float(value.figure(name)) for name in ("dev_auc", "dev_brier", "dev_ece")},
+        "dev_pairs": len(pairs), "figures_from": figures_from, **adoption_metadata(value, source)})
 
 
 class BiencoderConfig(Config):
@@ -237,15 +276,20 @@ class BiencoderConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
-       kinds={"pytorch", "mlflow"}, owners=OWNERS)
+       kinds={"pytorch", "mlflow"}, owners=OWNERS, deps=[adopted_models])
 @reports_peak_rss
 def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, coverage_judgments: pd.DataFrame,
                        queries: pd.DataFrame, subquestions: pd.DataFrame, nuggets: pd.DataFrame,
                        corpus: pd.DataFrame, device: DeviceResource, tracking: TrackingResource,
-                       artifacts: ArtifactStore) -> Output[TrainedModel]:
+                       artifacts: ArtifactStore, datasets: DatasetRegistry) -> Output[TrainedModel]:
     """The relevance bi-encoder further trained with InfoNCE on anchors `query [COVERED] ...` (CoveR):
-    positives cover an uncovered subquestion, negatives are redundant or irrelevant documents."""
+    positives cover an uncovered subquestion, negatives are redundant or irrelevant documents. A dataset that
+    adopts another's models takes that version instead."""
     context.log.info(device.describe())
+    source = datasets.models_source(context.partition_key)
+    if source is not None:
+        adopted = adopt_model(context, tracking, artifacts, "coverage_biencoder", source)
+        return trained_output(tracking, adopted, metadata=adoption_metadata(adopted, source))
     subqs = _judged_subquestions(subquestions, nuggets)
     pairs = labelled_pairs(coverage_judgments[coverage_judgments["split"] == "train"], subqs, document_texts(corpus))
     groups = coverage_groups_from_pairs(pairs, dict(zip(queries["query_id"], queries["text"])),
@@ -264,7 +308,7 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
                 artifacts, work, metrics={"groups": len(groups), "final_loss": history[-1]["train_loss"]},
                 serving=serving_of("coverage_biencoder", groups[0].query,
                                    [groups[0].positive_text, *groups[0].negative_texts][:8], {"k": 3}))
-    return content_output(TrainedModel(registered, settings=config.model_dump()), metadata={
+    return trained_output(tracking, TrainedModel(registered, settings=config.model_dump()), metadata={
         "groups": len(groups), "history": MetadataValue.json(history), "model_uri": registered.uri,
         **training.metadata(TrainingSummary(epochs=len(history), groups=len(groups))),
         "config": MetadataValue.json(config.model_dump())})

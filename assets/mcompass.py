@@ -8,7 +8,7 @@ import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from pydantic import Field
 
 from covlab.assets.coverage import estimated_matrix_output
 from covlab.assets.outputs import content_output
-from covlab.assets.model_registry import load_registered_model, training_run
+from covlab.assets.model_registry import load_registered_model, source_replay, trained_output, training_run
 from covlab.assets.partitions import DATASETS
 from covlab.assets.pools import PoolConfig
 from covlab.assets.presentation import OWNERS, table_metadata
@@ -34,7 +34,7 @@ from covlab.models.mcompass import (RETRIEVAL_CORPUS, STUDENT, PairSettings, Ret
                                     student_variants, teacher_agreement, teacher_logits, train_students)
 from covlab.models.metrics import ALPHA_NDCG, IE
 from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
-from covlab.models.registry import method
+from covlab.models.registry import method, trained_selector
 from covlab.models.report import compare_pools, report_figures
 from covlab.models.retrieval import (RETRIEVAL_RUN, dense_top_k, evidence_metrics, ranking_problems, retrieval_summary,
                                      run_table)
@@ -249,24 +249,32 @@ class StudentConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="4", **gpu_step(),
-       kinds={"pytorch", "mlflow"}, owners=OWNERS)
+       kinds={"pytorch", "mlflow"}, owners=OWNERS, output_required=False)
 @reports_peak_rss
 def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topic_metadata_bank: dict,
                      mcompass_teacher: pd.DataFrame, queries: pd.DataFrame, chunks: pd.DataFrame,
                      chunk_links: pd.DataFrame, chunk_qrels: pd.DataFrame, evaluation: EvaluationResource,
                      device: DeviceResource, tracking: TrackingResource,
-                     artifacts: ArtifactStore) -> Output[TrainedModel]:
+                     artifacts: ArtifactStore) -> Iterator[Output[TrainedModel]]:
     """The student and its two ablations (models/mcompass.student_variants), each trained on a fold's training
     pairs with the epoch of the best whole-corpus IE on the fold's tune queries kept (models/mcompass
     .train_students): the train split's under split (the full student trained on it is the registered model
     itself), and under grouped_cv also one set per topic-grouped fold, so that every student a retrieval figure
     rests on is trained, registered and costed here. Registered in MLflow as `covlab.<dataset>.mcompass_student`,
     its version carrying beside the weights the retrieval corpus it ranks (models/mcompass.RetrievalCorpus: the
-    bank, the chunks' texts, the bank's encoder), so that covlab.serving's retriever needs nothing else."""
+    bank, the chunks' texts, the bank's encoder), so that covlab.serving's retriever needs nothing else. A dataset
+    without training queries skips it, and what reads it, saying why: a student is never adopted from another
+    dataset (models/registry.py TrainedSelector.not_adopted)."""
     context.log.info(device.describe())
-    bank = TopicBank.load(topic_metadata_bank["path"])
     protocol = evaluation.evaluation_protocol()
     plan = list(replace(protocol, kind="split").fold_plan(queries))
+    if not plan[0].train:
+        why = trained_selector("mcompass_student").not_adopted
+        context.log.warning(f"mcompass_student skipped, and what reads it (mcompass_retrieval, retrieval_report, the "
+                            f"MCompass pools, pool_comparison): {context.partition_key} has no train queries, and "
+                            f"the student is not adopted from another dataset: {why}")
+        return
+    bank = TopicBank.load(topic_metadata_bank["path"])
     if protocol.cross_validated:
         plan += [replace(fold, index=fold.index + 1) for fold in protocol.fold_plan(queries)]
     params = {**config.model_dump(), "bank": topic_metadata_bank["content_hash"], "protocol": protocol.kind}
@@ -291,7 +299,7 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
             corpus = RetrievalCorpus.of(bank, chunks, BankEncoder.load(topic_metadata_bank["path"]))
             corpus_hash = tracking.store().attach(model.ref(), corpus.save(work), RETRIEVAL_CORPUS)
     kept = {f"{method}/fold {fold}": s.kept_epoch for (fold, method), s in sorted(students.students.items())}
-    return content_output(TrainedModel(model, {}, config.model_dump(), protocol.kind), metadata={
+    yield trained_output(tracking, TrainedModel(model, {}, config.model_dump(), protocol.kind), metadata={
         "epoch_losses": MetadataValue.json([round(x, 5) for x in trained.epoch_losses]),
         # by epoch, entry 0 the untrained student's; kept_epoch 0: no epoch beat the initialisation on dev
         "dev_losses": MetadataValue.json([round(x, 5) for x in trained.dev_losses]),
@@ -449,8 +457,8 @@ def pool_comparison(context: AssetExecutionContext, config: PoolComparisonConfig
                     mcompass_pools: pd.DataFrame, estimated_coverage_matrix: pd.DataFrame,
                     mcompass_pool_coverage_matrix: pd.DataFrame, coverage_estimator: TrainedModel,
                     nugget_links: pd.DataFrame, qrels: pd.DataFrame, queries: pd.DataFrame,
-                    evaluation: EvaluationResource, results: ResultsStore,
-                    artifacts: ArtifactStore) -> Output[pd.DataFrame]:
+                    evaluation: EvaluationResource, results: ResultsStore, artifacts: ArtifactStore,
+                    tracking: TrackingResource) -> Output[pd.DataFrame]:
     """BM25 pool + coverage greedy against MCompass pool + coverage greedy: from each pool the first k in pool
     order and coverage_greedy's rule (greedy at tau, the estimator gate, the blend weight tuned on the tune
     split) on that pool's estimated matrix, alpha-nDCG@k and StRecall@k per query (method
@@ -462,7 +470,8 @@ def pool_comparison(context: AssetExecutionContext, config: PoolComparisonConfig
     compared = compare_pools({"bm25": bm25_pools, "mcompass": mcompass_pools},
                              {"bm25": estimated_coverage_matrix, "mcompass": mcompass_pool_coverage_matrix},
                              POOL_SELECTION, evaluation.selector_settings(),
-                             evaluation.estimate_trust(coverage_estimator.figure("dev_auc"), nugget_links),
+                             evaluation.estimate_trust(coverage_estimator.figure("dev_auc"), nugget_links,
+                                                       source_replay(tracking, coverage_estimator, POOL_SELECTION)),
                              nugget_links,
                              qrels, queries, evaluation.splits, evaluation.report_split, BASELINE_POOL, evaluation.k,
                              evaluation.alpha, config.seed)

@@ -8,22 +8,28 @@ the training, one metric step per epoch), model version with signature, tags, lo
     return Output(model, metadata={..., **training.metadata()})
 """
 
+import json
 import shutil
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dagster import AssetExecutionContext, AssetRecordsFilter, MetadataValue
+from dagster import AssetExecutionContext, AssetRecordsFilter, Failure, MetadataValue, Output
 
+from covlab.assets.outputs import content_output
+from covlab.models.adoption import ModelAdoption, ModelSource
 from covlab.models.plots import markdown_image, training_curve
 from covlab.models.registry import trained_selector
 from covlab.models.replay import RecordedDecisions
 from covlab.models.versions import directory_hash
 from covlab.resources.artifacts import ArtifactStore, write_directory
+from covlab.resources.lineage import ADOPTED
 from covlab.resources.materializations import TRAINING, TrainingSummary
 from covlab.resources.source import source_state
-from covlab.resources.model_store import (WEIGHTS_HASH, WEIGHTS_METADATA, ModelVersionRef, RegisteredModel,
-                                         TrainedModel, WeightsChanged, decisions_tag, weights_change)
+from covlab.resources.model_store import (ADOPTED_FROM_TAG, TRAINED_ON_TAG, TRAINED_VALUE_TAG, WEIGHTS_HASH,
+                                         WEIGHTS_METADATA, ModelVersionRef, RegisteredModel, TrainedModel,
+                                         WeightsChanged, decisions_tag, recorded_decisions, weights_change)
 from covlab.resources.tracking import Serving, TrackingResource, TrainingRun
 
 
@@ -51,15 +57,21 @@ def input_data_versions(context: AssetExecutionContext) -> dict[str, str]:
     return versions
 
 
-def registration_tags(context: AssetExecutionContext) -> dict[str, str]:
-    """The Dagster run, asset, partition, code version, input data versions and git commit of this step."""
+INPUT_VERSION_TAG = "input_data_version."
+
+
+def step_tags(context: AssetExecutionContext) -> dict[str, str]:
+    """The Dagster run, asset, partition, code version and git commit of this step."""
     asset_key = context.asset_key
-    tags = {"dagster.run_id": context.run_id, "dagster.asset_key": asset_key.to_user_string(),
+    return {"dagster.run_id": context.run_id, "dagster.asset_key": asset_key.to_user_string(),
             "dagster.partition": context.partition_key,
             "dagster.code_version": context.assets_def.code_versions_by_key.get(asset_key) or "",
             "git.commit": source_state().commit or "unknown", "git.dirty": str(source_state().dirty).lower()}
-    tags.update({f"input_data_version.{k}": v for k, v in input_data_versions(context).items()})
-    return tags
+
+
+def registration_tags(context: AssetExecutionContext) -> dict[str, str]:
+    """`step_tags` and the data version of each input the training read."""
+    return {**step_tags(context), **{f"{INPUT_VERSION_TAG}{k}": v for k, v in input_data_versions(context).items()}}
 
 
 class Training:
@@ -128,6 +140,75 @@ def training_run(context: AssetExecutionContext, tracking: TrackingResource, sel
     tracking.end_orphaned_runs(name, over)
     with tracking.training_run(name, params, registration_tags(context)) as run:
         yield Training(context, tracking, selector, run)
+
+
+def trained_output(tracking: TrackingResource, value: TrainedModel, metadata: dict) -> Output[TrainedModel]:
+    """A trained asset's Output (versioned by content), its value's record also kept on its registered version
+    (TRAINED_VALUE_TAG): what a dataset that adopts the version reads back (`adopt_model`)."""
+    tracking.set_version_tag(value.model.ref(), TRAINED_VALUE_TAG, json.dumps(_portable(value), sort_keys=True))
+    return content_output(value, metadata=metadata)
+
+
+def _portable(value: TrainedModel) -> dict:
+    """A trained value's record without where its files lie on this machine."""
+    return {k: v for k, v in value.to_record().items() if k != "path"}
+
+
+def adopt_model(context: AssetExecutionContext, tracking: TrackingResource, artifacts: ArtifactStore,
+                selector: str, source: ModelSource) -> TrainedModel:
+    """The registered version of `selector` that `source` names (another dataset's, by alias or version), taken
+    instead of training: registered as a new version of this dataset's model (the same files, tagged with the
+    dataset it was trained on), its files copied to this dataset's artifacts and verified, its value the source's
+    record (figures, settings, protocol) with the adoption beside it (models/adoption.py). Failure naming what to
+    materialize when the source has no such version, or registered it before versions recorded their value."""
+    name = registered_model_name(source.dataset, selector)
+    ref = (tracking.version(name, source.version) if source.version is not None
+           else tracking.version_for_alias(name, source.alias))
+    if ref is None:
+        asked = f"version {source.version}" if source.version is not None else f"a version aliased {source.alias!r}"
+        raise Failure(f"{context.partition_key} adopts {selector} from {source.spec()}, but {name} has no {asked}: "
+                      f"materialize {selector} for {source.dataset} (and promote it) first, or name another version "
+                      f"(`covlab dataset add {context.partition_key} ... --models-from {source.dataset}@v<N>`)")
+    if TRAINED_VALUE_TAG not in ref.tags:
+        raise Failure(f"{ref.uri} was registered before versions recorded their trained value "
+                      f"({TRAINED_VALUE_TAG}); re-materialize {selector} for {source.dataset}, then adopt it")
+    trained = TrainedModel.from_record({**json.loads(ref.tags[TRAINED_VALUE_TAG]), "path": ""})
+    # a version the source itself adopted names the dataset that trained it, and what that training read
+    adoption = ModelAdoption(
+        trained_on=trained.trained_on or ref.tags.get("dagster.partition", source.dataset), source_uri=ref.uri,
+        source_version=ref.version,
+        training_data_versions=(trained.adoption.training_data_versions if trained.adoption else
+                                {k.removeprefix(INPUT_VERSION_TAG): v for k, v in ref.tags.items()
+                                 if k.startswith(INPUT_VERSION_TAG)}),
+        training_run_id=trained.adoption.training_run_id if trained.adoption else ref.tags.get("dagster.run_id", ""))
+    own = tracking.register_adopted(ref, registered_model_name(context.partition_key, selector), {
+        **step_tags(context), TRAINED_ON_TAG: adoption.trained_on, ADOPTED_FROM_TAG: ref.uri})
+    digest = trained.model.content_hash
+    local = artifacts.directory(selector, context.partition_key, weights_folder(own.version, digest))
+    write_directory(local, lambda folder: tracking.download(ref, folder, digest),
+                    replace=weights_change(local, digest) is not None)
+    context.log.info(f"adopted {ref.uri} (trained on {adoption.trained_on}) as {own.uri}")
+    model = RegisteredModel(name=own.name, version=own.version, uri=own.uri, mlflow_run_id=ref.run_id or "",
+                            source=ref.source, path=str(local), content_hash=digest)
+    return replace(trained, model=model, adoption=adoption)
+
+
+def adoption_metadata(value: TrainedModel, source: ModelSource) -> dict:
+    """The metadata of an adopting materialization: what it took, from where and as named (`models_from`), and
+    what that was trained on."""
+    return {ADOPTED: MetadataValue.json(value.adoption.to_record()), "models_from": source.spec(),
+            "trained_on": value.adoption.trained_on, "model_uri": value.model.uri,
+            WEIGHTS_METADATA: MetadataValue.json({"path": value.model.path, WEIGHTS_HASH: value.model.content_hash})}
+
+
+def source_replay(tracking: TrackingResource, value: TrainedModel, method: str):
+    """For an estimator adopted from another dataset, the decisions `method`'s selections took on its source
+    version, as a replay (models/replay.py RecordedDecisions.replay) that a dataset without a tune split applies;
+    None for an estimator trained here."""
+    if value.adoption is None:
+        return None
+    ref = tracking.version(value.adoption.source_model, value.adoption.source_version)
+    return None if ref is None else recorded_decisions(ref, method).replay(value.adoption.trained_on)
 
 
 def serving_of(selector: str, query: str, candidates: list[str], budget: dict) -> Serving | None:

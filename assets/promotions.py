@@ -15,7 +15,7 @@ from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.assets.reporting import require_same_settings
 from covlab.assets.selections import SELECTION_KEYS
-from covlab.models.promotion import PROMOTE, promotion_decision
+from covlab.models.promotion import PROMOTE, STAYS_CANDIDATE, promotion_decision
 from covlab.models.registry import ESTIMATOR, TRAINED_SELECTORS, Report, SelectorSettings, TrainedSelector, methods
 from covlab.models.replay import BudgetDecision, RecordedDecisions
 from covlab.models.report import method_scores
@@ -74,16 +74,22 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
     require_same_settings(context, evaluation)
     settings = evaluation.selector_settings()
     gates = {s.asset: s.gate(models[s.asset].figure, settings) for s in PROMOTED if s.gate is not None}
-    scores = {}
+    scores, unscored = {}, []
     for selector in PROMOTED:
         rule = selector.promotion
         metric = str(rule.measure) if rule.recorded else str(rule.measure @ evaluation.k)
-        scores[selector.asset] = (metric, models[selector.asset].figure(f"dev_{rule.measure}") if rule.recorded
-                                  else method_scores(coverage_report, evaluation.tune_split, metric)[rule.method])
+        score = (models[selector.asset].figure(f"dev_{rule.measure}") if rule.recorded
+                 else method_scores(coverage_report, evaluation.tune_split, metric).get(rule.method))
+        if score is None:  # no tune split here: a dataset that adopts its models and has a test split only
+            unscored.append(selector)
+        else:
+            scores[selector.asset] = (metric, score)
+    scored = [s for s in PROMOTED if s.asset in scores]
     figures = pd.DataFrame([{"dataset": context.partition_key, "method": s.promotion.method, "budget": None,
                              "k": None if s.promotion.recorded else evaluation.k, "split": evaluation.tune_split,
                              "metric": scores[s.asset][0], "query_id": None, "value": scores[s.asset][1]}
-                            for s in PROMOTED])
+                            for s in scored], columns=["dataset", "method", "budget", "k", "split", "metric",
+                                                       "query_id", "value"])
     _record_k_decisions(context, tracking, models[ESTIMATOR.asset], settings)
     record_report_lineage(context, {s.promotion.method: [AssetKey(s.asset)] + ([] if s.promotion.recorded
                                                                                else [AssetKey("coverage_report")])
@@ -92,8 +98,9 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
         dataset=context.partition_key, report_asset="model_promotions", partition=context.partition_key,
         run_id=context.run_id, code_version=PROMOTIONS_CODE_VERSION, data_version=None,
         config={"evaluation": evaluation.model_dump()}), figures)
-    rows = []
-    for selector in PROMOTED:
+    rows = [replayed_promotion(tracking, selector, models[selector.asset], evaluation.tune_split)
+            for selector in unscored]
+    for selector in scored:
         rule, (metric, score) = selector.promotion, scores[selector.asset]
         promoted_by = {"report": "model_promotions", REPORT_ID: stored, "dataset": context.partition_key,
                        "method": rule.method, "metric": metric, "split": evaluation.tune_split, "value": score}
@@ -108,6 +115,33 @@ def model_promotions(context: AssetExecutionContext, evaluation: EvaluationResou
                                            "split": evaluation.tune_split,
                                            "champions": MetadataValue.json(champions), REPORT_ID: report_id_entry(stored),
                                            "settings": MetadataValue.json(evaluation.model_dump())})
+
+
+def replayed_promotion(tracking: TrackingResource, selector: TrainedSelector, value: TrainedModel,
+                       tune_split: str) -> dict:
+    """The PROMOTIONS row of a trained selector without a dev score on this dataset (no `tune_split` queries):
+    a version adopted from another dataset (models/adoption.py) takes `champion` iff its source promoted it, the
+    figure that promoted it there named as what promoted it here; any other version stays as it is."""
+    candidate = value.model.ref()
+    champion = tracking.version_for_alias(candidate.name, "champion")
+    source = (tracking.version(value.adoption.source_model, value.adoption.source_version)
+              if value.adoption is not None else None)
+    promoted_by = source.tags.get(PROMOTED_BY_TAG) if source is not None else None
+    if promoted_by is not None:
+        tracking.set_alias(candidate.name, "champion", candidate.version)
+        tracking.set_version_tag(candidate, PROMOTED_BY_TAG, promoted_by)
+        action, decision = PROMOTE, (f"{candidate.uri} is champion: no {tune_split} queries here, and its source "
+                                     f"{source.uri} was promoted on {value.adoption.trained_on} by {promoted_by}")
+    else:
+        why = (f"its source {value.adoption.source_uri} was never promoted" if value.adoption is not None
+               else "it was trained here without one")
+        action = STAYS_CANDIDATE
+        decision = f"{candidate.uri} is not promoted: no {tune_split} queries to score it on, and {why}"
+    now = candidate.version if promoted_by is not None else (champion.version if champion else 0)
+    return {"selector": selector.asset, "method": selector.promotion.method, "metric": "", "model_name": candidate.name,
+            "version": candidate.version, "dev_score": float("nan"), "champion_version": now,
+            "champion_score": float("nan"), "action": action, "champion": promoted_by is not None,
+            "decision": decision}
 
 
 def _record_k_decisions(context: AssetExecutionContext, tracking: TrackingResource, estimator: TrainedModel,

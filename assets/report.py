@@ -55,7 +55,7 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
         per_query, {"leaderboard": ranked, "table1": table, "per_query": per_query, "paired": paired},
         report_figures(per_query, context.partition_key, evaluation.k),
         {method: [selection.key] for method, selection in SELECTIONS.items()}, reported, [metric], metadata={
-            **leaderboard_entries(ranked, config.baseline),
+            **leaderboard_entries(context, ranked, config.baseline),
             "table1": MetadataValue.md(table.rename(columns=lambda m: m.split("@")[0]).rename_axis(
                 f"{table.index.name}, @{evaluation.k}").to_markdown(floatfmt=".3f")),
             "figure": MetadataValue.md(markdown_image(chart, f"{metric} per method")),

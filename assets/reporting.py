@@ -14,6 +14,7 @@ from dagster import AssetExecutionContext, AssetKey, Failure, MetadataValue, Out
 from covlab.assets.outputs import content_output
 from covlab.assets.presentation import table_value
 from covlab.models.leaderboard import answers
+from covlab.models.registry import ADOPTED, METHODS
 from covlab.models.plots import figure_entries, leaderboard_chart, markdown_image
 from covlab.models.schemas import LEADERBOARD
 from covlab.resources.artifacts import ArtifactStore
@@ -21,7 +22,7 @@ from covlab.resources.csv_export import write_report_csv
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.io_manager import atomic_write
 from covlab.resources.lineage_text import report_lineage_markdown
-from covlab.resources.materializations import settings_mismatches
+from covlab.resources.materializations import recorded_entry, settings_mismatches
 from covlab.resources.report_lineage import REPORT_ID, record_report_lineage, report_id_entry
 from covlab.resources.results_store import ReportRecord, ResultsStore
 
@@ -54,10 +55,26 @@ def require_same_settings(context: AssetExecutionContext, evaluation: Evaluation
                       "resource, or run the report with theirs.")
 
 
-def leaderboard_entries(table: pd.DataFrame, baseline: str) -> dict:
-    """The metadata entries a report leads with (models/leaderboard.py): the answer per budget in a line each,
-    the leaderboard as a table with its declared columns, and its figure."""
-    return {"answer": MetadataValue.md("\n".join(f"- {line}" for line in answers(table))),
+def trained_elsewhere(context: AssetExecutionContext) -> dict[str, str]:
+    """Method -> the dataset its models were trained on, for each method of the registry that serves by a model
+    this dataset adopted from another (models/adoption.py; the `trained_on` its trained asset's latest
+    materialization recorded); empty for a dataset that trains its own."""
+    adopted = {t.asset: recorded_entry(context.instance, AssetKey(t.asset), context.partition_key, "trained_on")
+               for t in ADOPTED}
+    found = {}
+    for method in METHODS:
+        sources = sorted({adopted[t.asset] for t in method.served_models() if adopted.get(t.asset)})
+        if sources:
+            found[method.name] = ", ".join(sources)
+    return found
+
+
+def leaderboard_entries(context: AssetExecutionContext, table: pd.DataFrame, baseline: str) -> dict:
+    """The metadata entries a report leads with (models/leaderboard.py): the answer per budget in a line each
+    (naming where a method's models were trained when that is another dataset: `trained_elsewhere`), the
+    leaderboard as a table with its declared columns, and its figure."""
+    lines = answers(table, trained_elsewhere(context))
+    return {"answer": MetadataValue.md("\n".join(f"- {line}" for line in lines)),
             "leaderboard": table_value(LEADERBOARD, table),
             "leaderboard_figure": MetadataValue.md(markdown_image(leaderboard_chart(table, baseline),
                                                                   "difference to the baseline per budget"))}
@@ -76,9 +93,11 @@ def publish_report(context: AssetExecutionContext, publication: Publication, *, 
     for name, frame in publication.tables.items():
         atomic_write(folder / f"{name}.csv", lambda tmp, f=frame: write_report_csv(f, tmp))  # spreadsheet-safe
     lineage = record_report_lineage(context, publication.method_inputs)
+    trained_on = trained_elsewhere(context)
     stored = results.write_report(ReportRecord(
         dataset=partition, report_asset=report, partition=partition, run_id=context.run_id,
-        code_version=code_version, data_version=None, config={**config, "evaluation": evaluation.model_dump()}),
+        code_version=code_version, data_version=None,
+        config={**config, "evaluation": evaluation.model_dump(), **({"trained_on": trained_on} if trained_on else {})}),
         publication.stored)
     lineage_md = report_lineage_markdown(context.asset_key, partition, lineage, publication.method_inputs)
     charted = figure_entries(publication.charted, publication.charted_metrics)

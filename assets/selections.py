@@ -8,6 +8,7 @@ split rewards (the blend weight chosen on dev)."""
 import pandas as pd
 from dagster import AssetIn, AssetKey, MetadataValue, Output, asset
 
+from covlab.assets.model_registry import source_replay
 from covlab.assets.outputs import content_output
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
@@ -19,12 +20,13 @@ from covlab.models.schemas import SELECTIONS
 from covlab.models.selectors import Budget
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.model_store import TrainedModel
+from covlab.resources.tracking import TrackingResource
 
 
 def k_selection(method: Method, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, queries: pd.DataFrame,
                 evaluation: EvaluationResource, coverage: pd.DataFrame | None = None,
-                estimator: TrainedModel | None = None, nugget_links: pd.DataFrame | None = None
-                ) -> Output[pd.DataFrame]:
+                estimator: TrainedModel | None = None, nugget_links: pd.DataFrame | None = None,
+                tracking: TrackingResource | None = None) -> Output[pd.DataFrame]:
     """One method's k selection over the evaluated queries' pools (models/runs.run_method); a method on
     estimated coverage goes through the estimator gate and the blend, and its metadata says what they decided
     (model_promotions records it on the estimator's version, for serving to replay)."""
@@ -33,7 +35,8 @@ def k_selection(method: Method, bm25_pools: pd.DataFrame, pool_scores: pd.DataFr
         pool = rank_pool_by(pool, pool_scores, method.order.column)
     columns = GOLD if method.coverage is Coverage.GOLD else ESTIMATED
     pools = ranked_pools(pool, queries, coverage, columns) if coverage is not None else ranked_pools(pool, queries)
-    trust = None if estimator is None else evaluation.estimate_trust(estimator.figure("dev_auc"), nugget_links)
+    trust = None if estimator is None else evaluation.estimate_trust(estimator.figure("dev_auc"), nugget_links,
+                                                                     source_replay(tracking, estimator, method.name))
     budget = Budget(k=evaluation.k)
     run = run_method(method, pools, [budget], evaluation.selector_settings(), trust=trust)
     selected = SELECTIONS.conform(run.table.drop(columns="budget"), source=f"selection_{method.name}")
@@ -86,8 +89,9 @@ def selection_asset(method: Method, code_version: str | None = None):
     @asset(ins={**coverage_in, "estimator": AssetIn(key=AssetKey(ESTIMATOR.asset))}, **common)
     def blended(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
                 coverage: pd.DataFrame, estimator: TrainedModel, nugget_links: pd.DataFrame,
-                evaluation: EvaluationResource) -> Output[pd.DataFrame]:
-        return k_selection(method, bm25_pools, pool_scores, queries, evaluation, coverage, estimator, nugget_links)
+                evaluation: EvaluationResource, tracking: TrackingResource) -> Output[pd.DataFrame]:
+        return k_selection(method, bm25_pools, pool_scores, queries, evaluation, coverage, estimator, nugget_links,
+                           tracking)
 
     return blended
 

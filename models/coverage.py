@@ -87,6 +87,23 @@ def training_pairs(judgments: pd.DataFrame, subquestions: pd.DataFrame, texts: d
     return labelled_pairs(chosen, subquestions, texts).reset_index(drop=True)
 
 
+def held_out_figures(score: Callable[[list[tuple[str, str]]], np.ndarray],
+                     pairs: pd.DataFrame) -> dict[str, float] | None:
+    """A coverage estimator's figures on labelled (subquestion, text) `pairs`, as its training measures its kept
+    epoch on dev: dev_auc (ROC-AUC), dev_brier, dev_ece; None when the pairs lack a covered or an uncovered pair
+    (ROC-AUC is then undefined)."""
+    from sklearn.metrics import roc_auc_score
+
+    from covlab.models.metrics import brier_score, expected_calibration_error
+
+    if pairs.empty or pairs["label"].nunique() < 2:
+        return None
+    probs = score(list(zip(pairs["subquestion"], pairs["text"])))
+    labels = pairs["label"].to_numpy()
+    return {"dev_auc": float(roc_auc_score(labels, probs)), "dev_brier": brier_score(labels, probs),
+            "dev_ece": expected_calibration_error(labels, probs)}
+
+
 def estimate_coverage(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str],
                       score: Callable[[list[tuple[str, str]]], np.ndarray]) -> pd.DataFrame:
     """The estimated coverage matrix: `score` (the estimator) over every (subquestion, document) pair."""

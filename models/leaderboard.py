@@ -13,11 +13,13 @@ Rules (METHODS.md "Statistics"):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
+from covlab.models.adoption import trained_label
 from covlab.models.metrics import ALPHA_NDCG, RANK_CUTOFF, RVC1, Measure
 from covlab.models.registry import METHOD, Report
 from covlab.models.schemas import LEADERBOARD
@@ -143,9 +145,11 @@ def leaderboard(per_query: pd.DataFrame, board: Board, budget_label: str = "{bud
     return LEADERBOARD.conform(pd.DataFrame(out), "leaderboard")
 
 
-def answers(table: pd.DataFrame) -> list[str]:
-    """One line per budget of a LEADERBOARD table: the budget's first-ranked method (its report label), its mean,
-    its difference to the baseline with the CI and n, and its verdict."""
+def answers(table: pd.DataFrame, trained_on: Mapping[str, str] | None = None) -> list[str]:
+    """One line per budget of a LEADERBOARD table: the budget's first-ranked method (its report label, and the
+    dataset its models were trained on where `trained_on` names another), its mean, its difference to the
+    baseline with the CI and n, and its verdict."""
+    trained_on = trained_on or {}
     lines = []
     for budget, group in table.groupby("budget", sort=False):
         first = group[group["rank"] == 1]
@@ -155,7 +159,8 @@ def answers(table: pd.DataFrame) -> list[str]:
         row = first.iloc[0]
         difference = ("" if np.isnan(row["difference"]) else
                       f" {row['difference']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]")
-        lines.append(f"{budget}: {_label(row['method'])} {row['mean']:.3f} ({difference.strip() or 'baseline'}, "
+        label = trained_label(_label(row["method"]), trained_on.get(row["method"]))
+        lines.append(f"{budget}: {label} {row['mean']:.3f} ({difference.strip() or 'baseline'}, "
                      f"n={row['n']}): {row['verdict']}")
     return lines
 

@@ -279,9 +279,11 @@ class TrainedSelector:
     of covlab needs to know of it: its `role` for the methods that serve it, `load(files, device)` (the loaded
     object of that role, from a verified version folder; None: its own loader, a retriever), its quality
     `gate(figure, settings)` over the figures its trained asset records (None: ungated), how its champion is
-    decided (`promotion`, None: registered, never promoted; its version then serves no pyfunc) and whether
+    decided (`promotion`, None: registered, never promoted; its version then serves no pyfunc), whether
     the selections on its output take decisions a caller must replay (`records_decisions`: the estimator
-    gate's fallback and the blend weight per budget, recorded on its version by models/replay.py)."""
+    gate's fallback and the blend weight per budget, recorded on its version by models/replay.py), and why a
+    dataset that adopts another's models (models/adoption.py) still trains its own (`not_adopted`; empty:
+    it is adopted)."""
     asset: str
     description: str
     role: Role
@@ -289,6 +291,7 @@ class TrainedSelector:
     gate: Callable[[Callable[[str], float], SelectorSettings], Trust] | None = None
     promotion: PromotionRule | None = None
     records_decisions: bool = False
+    not_adopted: str = ""
 
 
 TRAINED_SELECTORS: tuple[TrainedSelector, ...] = (
@@ -300,9 +303,13 @@ TRAINED_SELECTORS: tuple[TrainedSelector, ...] = (
                                                                                ALPHA_NDCG)),
     TrainedSelector("lmvu_ranker", "the LMVU ranker (METHODS.md §2)", Role.SELECTOR_MODEL, _load_ranker,
                     _ranker_gate, PromotionRule("lmvu", RVC1, recorded=True)),
-    TrainedSelector("mcompass_student", "the MCompassRAG student retriever (METHODS.md §4)", Role.RETRIEVER),
+    TrainedSelector("mcompass_student", "the MCompassRAG student retriever (METHODS.md §4)", Role.RETRIEVER,
+                    not_adopted="its abstraction layers read the topic ids of the topic bank it was trained with, "
+                                "and every dataset builds a bank of its own (topic ids that mean other topics)"),
 )
 TRAINED: dict[str, TrainedSelector] = {t.asset: t for t in TRAINED_SELECTORS}
+# The trained selectors a dataset that adopts another's models takes from it instead of training.
+ADOPTED: tuple[TrainedSelector, ...] = tuple(t for t in TRAINED_SELECTORS if not t.not_adopted)
 # The trained selector whose output, the estimated coverage matrices, every method on estimated coverage reads.
 ESTIMATOR: TrainedSelector = next(t for t in TRAINED_SELECTORS if t.role is Role.COVERAGE_ESTIMATOR)
 

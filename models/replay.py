@@ -9,7 +9,7 @@ selection says which of these it applied.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 
 from covlab.models.registry import SelectorSettings
@@ -103,3 +103,13 @@ class RecordedDecisions:
         reason = (f"no {budget.unit} budget was evaluated with this estimator version (evaluated: "
                   f"{', '.join(sorted(self.budgets)) or 'none'}): the fallback order, relevance")
         return Replayed(BudgetDecision(True, reason), "fallback", None, reason)
+
+    def replay(self, source: str) -> Callable[[Budget], tuple[float | None, str]]:
+        """The blend weight a selection at a budget replays from this record of dataset `source`'s selections
+        (EstimateTrust.replay; `at` picks the budget's decision), with the rule that gave it. A decision that fell
+        back replays as weight 0: the fallback order itself."""
+        def at(budget: Budget) -> tuple[float | None, str]:
+            replayed = self.at(budget)
+            weight = 0.0 if replayed.decision.fell_back else replayed.decision.blend_weight
+            return weight, f"replayed from {source}'s selections: {replayed.reason}"
+        return at

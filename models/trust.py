@@ -7,7 +7,7 @@ is never below its fallback. Both wrap any greedy selector; `trusting` applies t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -60,9 +60,10 @@ class BlendChoice:
         return self.scores[0.0]
 
     def evidence(self) -> dict:
-        """JSON-ready: the chosen weight, the split and metric it was chosen by, the score of every weight."""
+        """JSON-ready: the chosen weight, the split and metric it was chosen by, the score of every weight (a
+        weight replayed from another dataset's record has none here: None)."""
         return {"weight": self.weight, "split": self.split, "metric": self.metric, "queries": self.queries,
-                "fallback_score": self.fallback_score, "chosen_score": self.scores[self.weight],
+                "fallback_score": self.scores.get(0.0), "chosen_score": self.scores.get(self.weight),
                 "scores": {str(w): s for w, s in self.scores.items()}}
 
 
@@ -121,14 +122,18 @@ def _mean_measure(run: SelectionRun, pools: Mapping[str, QueryPool], budget: Bud
 class EstimateTrust:
     """What a selection on an estimated coverage matrix reads to decide how far to follow it (`trusting`):
     the estimator's dev ROC-AUC and the gate it must reach, the split the blend weight is tuned on with its
-    gold nugget links, the candidate weights (None: no blend, the selector as it is once the gate passes), and
-    alpha of the alpha-nDCG that tunes them."""
+    gold nugget links, the candidate weights (None: no blend, the selector as it is once the gate passes),
+    alpha of the alpha-nDCG that tunes them, and, for an estimator adopted from another dataset
+    (models/adoption.py), `replay`: the blend weight its source's selections chose at a budget (None: the
+    selector unblended) and the rule that gave it (models/replay.py), applied where the pools hold no query of
+    the tune split to choose on."""
     dev_auc: float
     min_dev_auc: float
     tune_split: str
     nugget_links: pd.DataFrame | None
     weights: Sequence[float] | None
     alpha: float
+    replay: Callable[[Budget], tuple[float | None, str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,12 @@ def trusting(selector: GreedySelector, trust: EstimateTrust, pools: Mapping[str,
         return RelevanceOrder(), Decision(True, gate.reason, trust.dev_auc)
     if trust.weights is None:
         return selector, Decision(False, gate.reason, trust.dev_auc)
+    if trust.replay is not None and not any(p.split == trust.tune_split for p in pools.values()):
+        weight, rule = trust.replay(budget)
+        if weight is None:
+            return selector, Decision(False, gate.reason, trust.dev_auc)
+        return Blend(selector, weight), Decision(False, gate.reason, trust.dev_auc,
+                                                 BlendChoice(weight, {}, "replayed", rule, 0))
     if trust.nugget_links is None:
         raise ValueError("the blend weight is tuned on the gold nugget links of the tune split; none were given")
     choice = choose_blend_weight(selector, pools, trust.tune_split, budget, trust.nugget_links, trust.weights,
@@ -189,6 +200,6 @@ def blend_table(details: Mapping[str, dict | None], budgets: Sequence[int]) -> p
             if evidence is None:
                 continue
             rows.append((method, int(budget), float(evidence["weight"]), evidence["metric"],
-                         float(evidence["fallback_score"]), float(evidence["chosen_score"]),
-                         int(evidence["queries"])))
+                         *(np.nan if evidence[k] is None else float(evidence[k])
+                           for k in ("fallback_score", "chosen_score")), int(evidence["queries"])))
     return pd.DataFrame(rows, columns=BLEND_COLUMNS)

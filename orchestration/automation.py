@@ -27,12 +27,15 @@ import json
 import os
 from collections.abc import Sequence
 
-from dagster import (AssetKey, AssetSelection, AutomationCondition, AutomationConditionSensorDefinition,
-                     DefaultSensorStatus, RunRequest, SensorEvaluationContext, SkipReason, map_asset_specs, sensor)
+from dagster import (AssetKey, AssetObservation, AssetSelection, AutomationCondition,
+                    AutomationConditionSensorDefinition, DefaultSensorStatus, MetadataValue, RunRequest,
+                    SensorEvaluationContext, SensorResult, SkipReason, map_asset_specs, sensor)
 
+from covlab.assets.adoption import adopted_models, adopted_versions, adoption_data_version
 from covlab.assets.model_registry import registered_model_name
 from covlab.assets.partitions import DATASETS
 from covlab.models.registry import TRAINED_SELECTORS as TRAINED, Report
+from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.materializations import latest_materialization
 from covlab.resources.tracking import TrackingResource
 
@@ -40,8 +43,14 @@ REPORTS = sorted((AssetKey(report.value) for report in Report), key=lambda key: 
 # champion promotion reads coverage_report: a new candidate is promoted (or not) once it has been evaluated
 PROMOTIONS = AssetKey("model_promotions")
 TRAINED_SELECTORS = tuple(selector.asset for selector in TRAINED)
-EVALUATION = AssetSelection.assets(*REPORTS).upstream()  # the reports and every asset they read, transitively
+# the transfer report (assets/transfer.py): in-domain figures against those of models adopted from another dataset
+TRANSFER = AssetKey("transfer_report")
+# the reports, the transfer report on them and every asset they read, transitively, that a run can materialize
+# (not the observed adopted_models)
+EVALUATION = AssetSelection.assets(*REPORTS, TRANSFER).upstream().materializable()
 NIGHTLY_CRON = "0 2 * * *"
+# The tag that carries an observation's data version (Dagster's own name for it).
+DATA_VERSION_TAG = "dagster/data_version"
 
 
 def nightly_timezone() -> str:
@@ -128,3 +137,28 @@ def mlflow_candidate_sensor(context: SensorEvaluationContext, tracking: Tracking
                                              "covlab/candidates": ", ".join(changed)}))
     context.update_cursor(json.dumps(now, sort_keys=True))
     return requests or SkipReason("no new candidate model versions")
+
+
+@sensor(name="adopted_model_sensor", minimum_interval_seconds=300, default_status=DefaultSensorStatus.STOPPED,
+        description="Records an observation of adopted_models for each dataset that adopts another's models "
+                    "(`covlab dataset add ... --models-from`) whenever the versions it names change (e.g. the "
+                    "source's champion moved): its trained assets then have a changed input, and the nightly "
+                    "re-evaluates them and the reports on them.")
+def adopted_model_sensor(context: SensorEvaluationContext, tracking: TrackingResource, datasets: DatasetRegistry):
+    seen = json.loads(context.cursor) if context.cursor else {}
+    now, events = dict(seen), []
+    partitions = set(context.instance.get_dynamic_partitions(DATASETS.name))
+    for partition in sorted(set(datasets.entries()) & partitions):
+        source = datasets.models_source(partition)
+        if source is None:
+            continue
+        versions = adopted_versions(source, tracking)
+        version = adoption_data_version(source, versions)
+        if seen.get(partition) != version:
+            now[partition] = version
+            events.append(AssetObservation(adopted_models.key, partition=partition,
+                                           tags={DATA_VERSION_TAG: version},
+                                           metadata={"models_from": source.spec(),
+                                                     "versions": MetadataValue.json(versions)}))
+    context.update_cursor(json.dumps(now, sort_keys=True))
+    return SensorResult(asset_events=events) if events else SkipReason("no dataset adopts other versions than before")

@@ -3,6 +3,7 @@
     covlab demo                                    # every asset on the embedded demo dataset
     covlab dataset add NAME --format F --path P    # register a dataset (a new partition)
         [--columns FIELD=COLUMN,...] [--rating-threshold R]   # options of --format table, crux
+        [--models-from SOURCE[@ALIAS|@vN]] [--like OTHER]    # adopt SOURCE's models; OTHER's data under NAME
     covlab dataset list                            # name, format, path, and options as dataset add flags
     covlab dataset generate longdoc --out DIR [--profile small|full] [--seed N]   # write a generated dataset
     covlab materialize --dataset NAME [--select SELECTION ...] [--config run_config.yaml]   # +KEY: with its upstreams
@@ -64,25 +65,40 @@ def _registry():
     return dataset_registry()  # the one default_resources holds, without importing every asset
 
 
-def dataset_add(name: str, fmt: str, path: str | None, replace: bool = False, columns: str | None = None,
-                rating_threshold: int | None = None) -> None:
+def dataset_add(name: str, fmt: str | None, path: str | None, replace: bool = False, columns: str | None = None,
+                rating_threshold: int | None = None, models_from: str | None = None, like: str | None = None) -> None:
     """Read the dataset, then register it with its options: --columns (format table) as {covlab field: column},
-    --rating-threshold (format crux); an option not given is left out of the entry."""
+    --rating-threshold (format crux); an option not given is left out of the entry. --like OTHER: the format, path
+    and options of registered dataset OTHER (the same data under another name, e.g. to evaluate it with another
+    dataset's models); --models-from SOURCE: its trained assets adopt SOURCE's registered models
+    (models/adoption.py)."""
+    from covlab.models.schemas import DatasetError
     from covlab.orchestration.instance import instance_lock, open_instance
     from covlab.resources.datasets import read_dataset
     from covlab.resources.table_format import parse_columns
 
+    registry = _registry()
     options = {"columns": parse_columns(columns) if columns is not None else None,
                "rating_threshold": rating_threshold}
     options = {key: value for key, value in options.items() if value is not None}
+    if like is not None:
+        entries = registry.entries()
+        if like not in entries:
+            raise DatasetError(f"--like {like!r}: no such dataset; registered: {', '.join(sorted(entries))}")
+        if fmt is not None or path is not None or options:
+            raise DatasetError(f"--like {like!r} takes the format, path and options of {like!r}; give either --like "
+                               "or --format/--path and their options")
+        fmt, path, options = entries[like]["format"], entries[like]["path"], dict(entries[like].get("options") or {})
+    if fmt is None:
+        raise DatasetError("expected --format F (with --path P), or --like OTHER")
     dataset = read_dataset(name, fmt, path, options)  # refuse a bad name or a dataset that does not read cleanly
-    registry = _registry()
     with instance_lock() as home:  # the registry and the partitions change together
         instance = open_instance(home)  # first: an instance that cannot be opened leaves the registry alone
-        entry = registry.register(name, fmt, path, replace=replace, options=options)
+        entry = registry.register(name, fmt, path, replace=replace, options=options, models_from=models_from)
         _add_partitions(instance, registry.entries())
+    adopts = f"; its trained assets adopt the models of {entry['models_from']}" if "models_from" in entry else ""
     print(f"registered {name!r} ({entry['format']}, {entry['path']}): {len(dataset.queries)} queries, "
-          f"{len(dataset.corpus)} documents, {len(dataset.nuggets)} nuggets")
+          f"{len(dataset.corpus)} documents, {len(dataset.nuggets)} nuggets{adopts}")
 
 
 def option_flags(options: dict) -> str:
@@ -242,7 +258,7 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     from covlab.models.dataset import check_dataset_name
     from covlab.orchestration.concurrency import log_to_console, pool_slots_guard
     from covlab.orchestration.console import covlab_console
-    from covlab.orchestration.definitions import ASSETS, default_resources, with_resource_settings
+    from covlab.orchestration.definitions import ASSETS, OBSERVED_ASSETS, default_resources, with_resource_settings
 
     check_dataset_name(dataset)
     selection = None
@@ -261,7 +277,7 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     run_config = with_resource_settings(resources, {"loggers": {"console": {"config": {"log_level": "INFO"}}},
                                                     **(config or {})})
     log_to_console()
-    job = Definitions(assets=ASSETS, resources=resources, loggers={"console": covlab_console},
+    job = Definitions(assets=[*ASSETS, *OBSERVED_ASSETS], resources=resources, loggers={"console": covlab_console},
                       jobs=[define_asset_job(IN_PROCESS_JOB, selection=selection)]).resolve_job_def(IN_PROCESS_JOB)
     with pool_slots_guard(instance) as tags:
         resources["artifacts"].discard_failed_runs(instance)
@@ -460,7 +476,7 @@ def leaderboard_command(args) -> int:
         return 0
     for name, (stored, table) in boards.items():
         print(f"{name} [{args.dataset}] (results store id {stored.materialization_id}, run {stored.record.run_id}):")
-        print("\n".join(f"  {line}" for line in answers(table)))
+        print("\n".join(f"  {line}" for line in answers(table, stored.record.config.get("trained_on"))))
         print(table.to_markdown(index=False, floatfmt=".3f"))
         print()
     return 0
@@ -786,7 +802,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                            required=True)
     add = data.add_parser("add", help="register a dataset as a new partition")
     add.add_argument("name")
-    add.add_argument("--format", required=True, choices=FORMATS)
+    add.add_argument("--format", choices=FORMATS, help="the dataset's format (or --like)")
     add.add_argument("--path", help="file or folder of the dataset (not needed for demo)")
     add.add_argument("--replace", action="store_true",
                      help="re-point an already registered name at another format, path or options")
@@ -796,6 +812,12 @@ def main(argv: list[str] | None = None) -> int:
     add.add_argument("--rating-threshold", type=int, metavar="R",
                      help="--format crux: the lowest judge rating (1-5) that links a passage to a subquestion "
                           "(default 4)")
+    add.add_argument("--like", metavar="OTHER", help="the format, path and options of registered dataset OTHER: the "
+                                                     "same data under this name (e.g. with --models-from)")
+    add.add_argument("--models-from", metavar="SOURCE[@ALIAS|@vN]",
+                     help="adopt SOURCE's registered models (its champion, or the version ALIAS or N names) instead "
+                          "of training: the coverage estimator, bi-encoder, LMVU ranker and MCompass student "
+                          "(docs/datasets.md, \"Models from another dataset\")")
     data.add_parser("list", help="registered datasets: name, format, path and, where a dataset has some, its "
                                  "options as the dataset add flags that give them")
     generate = data.add_parser("generate", help="write a generated dataset in the covlab layout")
@@ -883,7 +905,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_args(args)
         if args.command == "dataset" and args.action == "add":
-            dataset_add(args.name, args.format, args.path, args.replace, args.columns, args.rating_threshold)
+            dataset_add(args.name, args.format, args.path, args.replace, args.columns, args.rating_threshold,
+                        args.models_from, args.like)
         elif args.command == "dataset" and args.action == "generate":
             dataset_generate(args.generator, args.out, args.profile, args.seed)
         elif args.command == "audit":
@@ -898,9 +921,9 @@ def main(argv: list[str] | None = None) -> int:
             print(methods_help())
         elif args.command == "dataset":
             for name, entry in _registry().entries().items():
-                options = entry.get("options")
-                print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}"
-                      + (f"\t{option_flags(options)}" if options else ""))
+                flags = option_flags({**entry.get("options", {}),
+                                      **({"models_from": entry["models_from"]} if "models_from" in entry else {})})
+                print(f"{name}\t{entry['format']}\t{entry['path'] or '(generated)'}" + (f"\t{flags}" if flags else ""))
         else:
             dataset = "demo" if args.command == "demo" else args.dataset
             select = getattr(args, "select", None)

@@ -11,6 +11,7 @@ from dagster import (AssetSelection, AssetSpec, BetaWarning, CodeReferencesMetad
                      ConfigurableResource, Definitions, EnvVar, LocalFileCodeReference, define_asset_job,
                      map_asset_specs, with_source_code_references)
 
+from covlab.assets.adoption import adopted_models
 from covlab.assets.answers import answer_report, answers
 from covlab.assets.budgeted import (BUDGETED_SELECTION_ASSETS, comparison_report, item_embeddings, lmvu_ranker,
                                     token_counts)
@@ -25,7 +26,9 @@ from covlab.assets.pools import bm25_index, bm25_pools
 from covlab.assets.promotions import PROMOTION_CHECKS, model_promotions
 from covlab.assets.report import coverage_report
 from covlab.assets.selections import SELECTION_ASSETS
-from covlab.orchestration.automation import mlflow_candidate_sensor, nightly_reevaluation, with_nightly_condition
+from covlab.assets.transfer import transfer_report
+from covlab.orchestration.automation import (adopted_model_sensor, mlflow_candidate_sensor, nightly_reevaluation,
+                                             with_nightly_condition)
 from covlab.orchestration.distributed import distributed_jobs
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.device import MEASURED_SOURCES, DeviceResource
@@ -64,8 +67,12 @@ ASSETS = with_code_references(with_nightly_condition([
     coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
     *SELECTION_ASSETS, coverage_report, model_promotions, item_embeddings, token_counts, lmvu_ranker,
     *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
+    transfer_report,
     # checks ride along: every materialization of their asset runs them
     *ESTIMATOR_CHECKS, *PROMOTION_CHECKS, *MCOMPASS_CHECKS]))
+
+# Assets covlab observes but never materializes (adopted_model_sensor records their observations).
+OBSERVED_ASSETS = [adopted_models]
 
 build_all = define_asset_job("build_all", selection=AssetSelection.all(), partitions_def=DATASETS,
                              description="Every asset of one dataset partition, at each asset's config defaults.")
@@ -136,5 +143,6 @@ def with_resource_settings(resources: Mapping[str, object], run_config: Mapping)
     return {**run_config, "resources": merged}
 
 
-defs = Definitions(assets=ASSETS, jobs=[build_all, demo, *distributed_jobs()],
-                   sensors=[nightly_reevaluation, mlflow_candidate_sensor], resources=default_resources())
+defs = Definitions(assets=[*ASSETS, *OBSERVED_ASSETS], jobs=[build_all, demo, *distributed_jobs()],
+                   sensors=[nightly_reevaluation, mlflow_candidate_sensor, adopted_model_sensor],
+                   resources=default_resources())

@@ -33,11 +33,12 @@ from pathlib import Path
 import yaml
 from dagster import AssetKey, DagsterInstance
 
+from covlab.models.adoption import ModelAdoption
 from covlab.models.versions import value_differences
 from covlab.resources.datasets import GENERATED_PATH, DatasetRegistry, source_file_changes
 from covlab.resources.home import dataset_registry
 from covlab.resources.io_manager import read_stored
-from covlab.resources.lineage import LineageNode, audit_materialization, disk_changes
+from covlab.resources.lineage import ADOPTED, LineageNode, audit_materialization, disk_changes
 from covlab.resources.materializations import (DATA_VERSION_TAG, latest_materialization, materialization_by_id,
                                                metadata_value)
 from covlab.resources.source import (PACKAGE_ROOT, SOURCE_METADATA, SourceError, add_worktree, read_source_state,
@@ -45,6 +46,8 @@ from covlab.resources.source import (PACKAGE_ROOT, SOURCE_METADATA, SourceError,
 from covlab.resources.model_store import WEIGHTS_METADATA
 
 INGEST_FORMAT, INGEST_PATH, INGEST_OPTIONS, INGEST_FILES = "format", "path", "options", "source_files"
+# The alias under which a rebuild's copy of the MLflow store names each version the lineage adopted.
+REPRODUCE_ALIAS = "reproduce"
 FIGURE_KEYS = ("dataset", "method", "budget", "k", "split", "metric", "query_id")
 
 
@@ -79,6 +82,7 @@ class Plan:
     select: list[str]
     original_seconds: float
     notes: list[str] = field(default_factory=list)
+    adopted: list[dict] = field(default_factory=list)  # the ADOPTED records of the models taken from other datasets
 
 
 @dataclass
@@ -143,7 +147,9 @@ def plan(instance: DagsterInstance, figure: dict, allow_dirty: bool = False) -> 
 
     report = audit_materialization(instance, AssetKey.from_user_string(figure["report_asset"]), figure["partition"],
                                    figure["run_id"])
-    nodes = dependency_order(report)
+    # The lineage of a model adopted from another dataset continues there (resources/lineage.py ADOPTED); that
+    # model is verified, not rebuilt, so the rebuild is of this partition's nodes.
+    nodes = [node for node in dependency_order(report) if node.partition == figure["partition"]]
     # A gap without a materialization leaves nothing to rebuild from; one with (the bytes read differ from
     # what the writer recorded) is what the comparison below pins down.
     gaps = [f"{n.asset_key} [{n.partition}]: {n.gap}" for n in nodes if n.storage_id is None]
@@ -186,9 +192,15 @@ def plan(instance: DagsterInstance, figure: dict, allow_dirty: bool = False) -> 
         if given is not None:
             ops.setdefault(assets_def.node_def.name, given)
     original = sum((r.end_time or r.start_time) - r.start_time for r in runs.values() if r.start_time)
+    adopted = [metadata_value(records[n.storage_id].asset_materialization.metadata[ADOPTED])
+               for n in nodes if n.adopted_from]
+    notes += [f"{record['source_uri']} (trained on {record['trained_on']}) is adopted, not retrained: the rebuild "
+              "adopts the same version from a copy of this home's MLflow store, verified against its content hash"
+              for record in adopted]
     return Plan(report=report, nodes=nodes, commit=commit, dirty=bool(dirty), op_config=ops,
                 dataset=_dataset(nodes, records, figure["partition"]),
-                select=sorted(k.to_user_string() for k in select), original_seconds=original, notes=notes)
+                select=sorted(k.to_user_string() for k in select), original_seconds=original, notes=notes,
+                adopted=adopted)
 
 
 def _dataset(nodes: list[LineageNode], records: dict, partition: str) -> dict:
@@ -209,11 +221,35 @@ def _dataset(nodes: list[LineageNode], records: dict, partition: str) -> dict:
     raise ReproduceRefused(f"no ingest materialization in the lineage of partition {partition!r}")
 
 
-def register_dataset(registry: DatasetRegistry, dataset: dict) -> None:
+def register_dataset(registry: DatasetRegistry, dataset: dict, models_from: str | None = None) -> None:
     """Register the planned dataset (`_dataset`) in the scratch home's `registry` as its ingest recorded it: format,
-    path and options; the demo is always registered."""
-    if dataset["format"] != "demo":
-        registry.register(dataset["name"], dataset["format"], dataset["path"], options=dataset.get("options"))
+    path and options, and the models it adopts (`models_from`); the demo is always registered."""
+    if dataset["format"] != "demo" or models_from is not None:
+        registry.register(dataset["name"], dataset["format"], dataset["path"], options=dataset.get("options"),
+                          models_from=models_from)
+
+
+def adopt_as_recorded(plan: Plan, scratch: Path, original_home: Path) -> str | None:
+    """For a lineage that adopted models from another dataset: the scratch home gets a copy of this home's
+    embedded MLflow store (its locations follow the copy: resources/store_location.py), each adopted version
+    there takes the alias REPRODUCE_ALIAS, and the `models_from` the scratch dataset registers is returned, so
+    that the rebuild adopts exactly those versions (verified against their content hash as they are copied into
+    its artifacts). None when nothing was adopted; ReproduceRefused when the store is not an embedded one."""
+    if not plan.adopted:
+        return None
+    from covlab.orchestration.definitions import default_resources
+
+    store = original_home / "mlflow"
+    sources = {record["trained_on"] for record in plan.adopted}
+    if not (store / "mlflow.db").is_file() or os.environ.get("COVLAB_MLFLOW_TRACKING_URI") or len(sources) > 1:
+        raise ReproduceRefused(f"the lineage adopts models of {', '.join(sorted(sources))}; a rebuild adopts them from "
+                               f"a copy of the embedded MLflow store of one source dataset ({store}), which "
+                               "this home does not have")
+    shutil.copytree(store, scratch / "mlflow")
+    tracking = default_resources(scratch)["tracking"]
+    for adoption in map(ModelAdoption.from_record, plan.adopted):
+        tracking.set_alias(adoption.source_model, REPRODUCE_ALIAS, adoption.source_version)
+    return f"{sources.pop()}@{REPRODUCE_ALIAS}"
 
 
 def _source_tree(plan: Plan, scratch: Path, allow_dirty: bool) -> tuple[Path | None, str]:
@@ -231,12 +267,13 @@ def _source_tree(plan: Plan, scratch: Path, allow_dirty: bool) -> tuple[Path | N
     return tree.parent, f"a git worktree of {plan.commit[:10]} (this checkout {why})"
 
 
-def rebuild(plan: Plan, scratch: Path, allow_dirty: bool = False) -> tuple[str, float]:
-    """Materialize the plan's assets in a scratch COVLAB_HOME in a subprocess; (where the source came from,
-    wall seconds). RuntimeError with the log's tail when the run fails."""
+def rebuild(plan: Plan, scratch: Path, original_home: Path, allow_dirty: bool = False) -> tuple[str, float]:
+    """Materialize the plan's assets in a scratch COVLAB_HOME in a subprocess, the models it adopted from another
+    dataset adopted again (`adopt_as_recorded`); (where the source came from, wall seconds). RuntimeError with the
+    log's tail when the run fails."""
     scratch.mkdir(parents=True, exist_ok=True)
     dataset = plan.dataset
-    register_dataset(dataset_registry(scratch), dataset)
+    register_dataset(dataset_registry(scratch), dataset, adopt_as_recorded(plan, scratch, original_home))
     config = scratch / "run_config.yaml"
     config.write_text(yaml.safe_dump({"ops": plan.op_config}, sort_keys=True))
     pythonpath, built_in = _source_tree(plan, scratch, allow_dirty)
@@ -319,7 +356,7 @@ def reproduce(instance: DagsterInstance, figures: list[dict], original_home: Pat
     if scratch_root is not None:  # a --scratch folder that does not exist yet is made, as the home itself is
         scratch_root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="reproduce-", dir=scratch_root))
-    built_in, seconds = rebuild(planned, scratch, allow_dirty)
+    built_in, seconds = rebuild(planned, scratch, original_home, allow_dirty)
     checks = compare(planned, scratch, original_home)
     results = default_resources(scratch)["results"]
     try:

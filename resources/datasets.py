@@ -30,6 +30,7 @@ from dagster import ConfigurableResource
 from filelock import FileLock, Timeout
 from pydantic import Field
 
+from covlab.models.adoption import ModelSource
 from covlab.models.dataset import Dataset, Origin, check_dataset_name, raise_on_problems
 from covlab.models.schemas import SPLITS, DatasetError
 from covlab.models.versions import file_hash
@@ -343,17 +344,22 @@ class DatasetRegistry(ConfigurableResource):
                                f"{exc.colno}); {expected}") from None
         bad = next((name for name, entry in stored.items() if not isinstance(entry, dict)
                     or not isinstance(entry.get("format"), str) or "path" not in entry
-                    or not isinstance(entry.get("options", {}), dict)), None) \
+                    or not isinstance(entry.get("options", {}), dict)
+                    or not isinstance(entry.get("models_from", ""), str)), None) \
             if isinstance(stored, dict) else "(top level)"
         if bad is not None:
             raise DatasetError(f"{file}: the dataset registry's entry {excerpt(bad)} is not a dataset; {expected}")
         return {"demo": {"format": "demo", "path": None}, **stored}
 
     def register(self, name: str, fmt: str, path: str | None, replace: bool = False,
-                 options: dict | None = None) -> dict:
-        """Add `name`; re-adding it with the same format, path and options changes nothing, with another source
-        or other options it is refused unless `replace`. An entry holds `options` only when there are some."""
+                 options: dict | None = None, models_from: str | None = None) -> dict:
+        """Add `name`; re-adding it with the same format, path, options and models changes nothing, with another
+        source, options or models it is refused unless `replace`. An entry holds `options` only when there are
+        some, and `models_from` (models/adoption.py: whose registered models its trained assets adopt) only when
+        it adopts."""
         check_dataset_name(name)
+        if models_from is not None:
+            models_from = ModelSource.parse(models_from, adopting=name).spec()
         if fmt not in FORMATS:
             raise DatasetError(f"unknown format {fmt!r}; expected one of {FORMATS}")
         check_options(fmt, options or {})
@@ -361,6 +367,7 @@ class DatasetRegistry(ConfigurableResource):
             raise DatasetError("the name 'demo' is reserved for the embedded dataset")
         entry = {"format": fmt, "path": str(Path(path).resolve()) if path else None}
         entry.update({"options": options} if options else {})
+        entry.update({"models_from": models_from} if models_from else {})
         file = Path(self.registry_path)
         file.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -378,6 +385,11 @@ class DatasetRegistry(ConfigurableResource):
                                f"remove {file}.lock if no covlab command is running") from None
         return entry
 
+    def models_source(self, name: str) -> ModelSource | None:
+        """Whose registered models dataset `name` adopts instead of training its own; None: it trains them."""
+        spec = self.entries().get(name, {}).get("models_from")
+        return ModelSource.parse(spec, adopting=name) if spec else None
+
     def given_pool_distractors(self, name: str) -> int:
         return GIVEN_POOL_DISTRACTORS.get(self.entries()[name]["format"], 0)
 
@@ -393,6 +405,7 @@ class DatasetRegistry(ConfigurableResource):
 
 def _source(entry: dict) -> str:
     """A registry entry as a message names it: format, path, and options if any."""
-    options = entry.get("options")
-    return f"{entry['format']} at {entry['path']}" + (f" with options {json.dumps(options, sort_keys=True)}"
-                                                      if options else "")
+    options, models = entry.get("options"), entry.get("models_from")
+    return (f"{entry['format']} at {entry['path']}" + (f" with options {json.dumps(options, sort_keys=True)}"
+                                                       if options else "")
+            + (f" with the models of {models}" if models else ""))

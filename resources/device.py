@@ -117,10 +117,7 @@ def reports_peak_rss(compute):
     the peak is reset at the start of each step; `peak_rss_scope` says when that was impossible."""
     MEASURED_SOURCES[compute.__name__] = (inspect.getsourcefile(compute), inspect.getsourcelines(compute)[1])
 
-    @functools.wraps(compute)
-    def measured(*args, **kwargs):
-        scope = "step" if reset_peak_rss() else "process"
-        result = compute(*args, **kwargs)
+    def with_peak(result, scope: str) -> Output:
         if not isinstance(result, Output):
             raise TypeError(f"{compute.__name__}: reports_peak_rss needs the compute function to return an Output")
         with warnings.catch_warnings():  # with_metadata passes the Output's data_version on: Dagster 1.13 warns
@@ -129,5 +126,19 @@ def reports_peak_rss(compute):
                                     category=BetaWarning)
             return result.with_metadata({**result.metadata, PEAK_RSS: round(peak_rss_mib(), 1),
                                          "peak_rss_scope": scope})
+
+    if inspect.isgeneratorfunction(compute):  # an asset whose output is optional yields it, or yields nothing
+        @functools.wraps(compute)
+        def measured_outputs(*args, **kwargs):
+            scope = "step" if reset_peak_rss() else "process"
+            for result in compute(*args, **kwargs):
+                yield with_peak(result, scope)
+
+        return measured_outputs
+
+    @functools.wraps(compute)
+    def measured(*args, **kwargs):
+        scope = "step" if reset_peak_rss() else "process"
+        return with_peak(compute(*args, **kwargs), scope)
 
     return measured

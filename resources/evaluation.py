@@ -107,10 +107,12 @@ class EvaluationResource(ConfigurableResource):
         return SelectorSettings(tau=self.tau, mmr_lambda=self.mmr_lambda,
                                 min_estimator_dev_auc=self.min_estimator_dev_auc)
 
-    def estimate_trust(self, dev_auc: float, nugget_links: pd.DataFrame | None) -> EstimateTrust:
+    def estimate_trust(self, dev_auc: float, nugget_links: pd.DataFrame | None, replay=None) -> EstimateTrust:
         """How far a selection on the estimator's matrix may follow it: the estimator's dev ROC-AUC against the
         gate, and, given the gold nugget links, the blend weight tuned on the tune split (without them the
-        gate alone)."""
+        gate alone); `replay`: an adopted estimator's source decisions, where there is no tune split
+        (EstimateTrust.replay)."""
         return EstimateTrust(dev_auc=dev_auc, min_dev_auc=self.min_estimator_dev_auc, tune_split=self.tune_split,
                              nugget_links=nugget_links,
-                             weights=None if nugget_links is None else list(self.blend_weights), alpha=self.alpha)
+                             weights=None if nugget_links is None else list(self.blend_weights), alpha=self.alpha,
+                             replay=replay)

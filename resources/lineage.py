@@ -40,6 +40,9 @@ METHOD_INPUTS = "method_inputs"
 # entry (`blend`: {budget: evidence}).
 DECISIONS = ("estimator_gate", "fell_back", "blend")
 DETAILS = "details"
+# A trained asset's entry when it adopted another dataset's model (models/adoption.py ModelAdoption.to_record): the
+# audit follows it across datasets, to the materialization that trained the model in the source dataset.
+ADOPTED = "adopted"
 LLM_USAGE = "llm_usage"  # an LLM step's share of LLMResource.take_usage()
 
 
@@ -66,6 +69,7 @@ class LineageNode:
     gap: str | None = None  # a record that should exist and does not
     changed: str | None = None  # the files it recorded differ on disk now (mark_changed: `covlab audit` only)
     repeated: bool = False  # already shown above (the graph is a DAG)
+    adopted_from: str | None = None  # the model version it adopted from another dataset, and that dataset (ADOPTED)
     inputs: list["LineageNode"] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -113,6 +117,9 @@ class LineageWalker:
         if latest is not None and latest.storage_id != record.storage_id and latest_version != node.data_version:
             node.stale = (f"rematerialized since with other content: storage id {latest.storage_id}, run "
                           f"{latest.run_id}, data version {latest_version}")
+        adopted = metadata_value(mat.metadata[ADOPTED]) if ADOPTED in mat.metadata else None
+        if isinstance(adopted, dict):
+            node.adopted_from = f"{adopted['source_uri']}, trained on {adopted['trained_on']}"
         if record.storage_id in self._seen:
             node.repeated = True
             return node
@@ -127,7 +134,20 @@ class LineageWalker:
                 node.inputs.append(self._loaded_input(upstream, loads[upstream], partition))
             else:
                 node.inputs.append(self._pointed_input(upstream, pointers.get(upstream), partition))
+        if isinstance(adopted, dict):
+            node.inputs.append(self._trained_elsewhere(key, adopted))
         return node
+
+    def _trained_elsewhere(self, key: AssetKey, adopted: dict) -> LineageNode:
+        """The cross-dataset edge of an adopting trained asset: the materialization that trained the adopted model,
+        in the dataset it was trained on (the run its version names), with that dataset's lineage below it."""
+        source, run = adopted["trained_on"], adopted.get("training_run_id") or None
+        record = materialization_in_run(self.instance, key, source, run)
+        if record is None:
+            return LineageNode(key.to_user_string(), source, None, run_id=run,
+                               gap=f"no materialization of {key.to_user_string()} [{source}] in run {run}, which "
+                                   f"trained {adopted['source_uri']}")
+        return self.node(record)
 
     @staticmethod
     def _loads(record) -> dict[str, dict]:

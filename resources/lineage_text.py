@@ -13,9 +13,16 @@ from covlab.resources.lineage import LineageIndex, LineageNode, branch_nodes, re
 from covlab.resources.materializations import plain
 
 
+def _adopted(node: LineageNode) -> str:
+    """The cross-dataset edge of a trained asset that adopted another dataset's model (ADOPTED)."""
+    return (f"ADOPTED ({node.adopted_from.removeprefix('models:/')}: the model's own lineage follows, in the dataset "
+            "it was trained on)") if node.adopted_from else ""
+
+
 def _flags(node: LineageNode) -> str:
     return "".join([f"  STALE ({node.stale})" if node.stale else "", f"  GAP ({node.gap})" if node.gap else "",
-                    f"  CHANGED ({node.changed})" if node.changed else "", "  (shown above)" if node.repeated else ""])
+                    f"  CHANGED ({node.changed})" if node.changed else "", f"  {_adopted(node)}" if node.adopted_from
+                    else "", "  (shown above)" if node.repeated else ""])
 
 
 def _name(node: LineageNode) -> str:
@@ -78,6 +85,8 @@ def _line(node: LineageNode, gap: str | None) -> str:
     model = node.shaped_by.get("model_uri")
     if isinstance(model, str):
         parts.append(f"model {model.removeprefix('models:/')}")
+    if node.adopted_from:
+        parts.append(_adopted(node))
     if node.stale:
         parts.append("STALE")
     if gap:

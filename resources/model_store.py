@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from covlab.models.adoption import ModelAdoption
 from covlab.models.replay import RecordedDecisions
 from covlab.models.selectors import BUDGET_UNITS
 from covlab.models.versions import directory_hash, file_hashes, files_hash
@@ -41,6 +42,12 @@ VERSION_HASH_TAG = "covlab.version_hash"
 # decided (the selection assets write them: `decisions_tag`, models/replay.py's record).
 PROMOTED_BY_TAG = "covlab.promoted_by"
 SELECTION_TAG_PREFIX = "covlab.selection."
+# Tags of every version a trained asset registers: its value's record (TrainedModel.to_record: the figures its
+# gate reads, its settings and protocol), which a dataset adopting the version reads back; and, on a version
+# adopted from another dataset (models/adoption.py), the dataset it was trained on and the version it is.
+TRAINED_VALUE_TAG = "covlab.trained_value"
+TRAINED_ON_TAG = "covlab.trained_on"
+ADOPTED_FROM_TAG = "covlab.adopted_from"
 # A registered version serves as an MLflow pyfunc through this loader module (serving/pyfunc.py); a request's
 # columns are the signature's inputs, an answer's its outputs (`serving_signature`).
 SERVING_LOADER = "covlab.serving.pyfunc"
@@ -130,19 +137,26 @@ MODEL_FIELDS = tuple(f.name for f in fields(RegisteredModel))
 # The record key that marks a stored JSON record as a TrainedModel (resources/io_manager.py reads it back as one),
 # and a trained value's other keys beside the model's fields and its figures.
 RECORD_TYPE, TRAINED_MODEL = "record_type", "trained_model"
-TRAINED_MODEL_KEYS = (RECORD_TYPE, "settings", "protocol")
+TRAINED_MODEL_KEYS = (RECORD_TYPE, "settings", "protocol", "adoption")
 
 
 @dataclass(frozen=True)
 class TrainedModel:
     """The value of a trained-selector asset: its registered model, the figures its training measured on
     held-out data (what its gate and its promotion read: `figure`), the settings it was trained with and the
-    evaluation protocol it was trained under. Stored as one flat JSON record (`to_record`: the model's fields
-    beside the figures), so that its content version leaves out where the model lives (models/versions.py)."""
+    evaluation protocol it was trained under; `adoption` when it was not trained for this dataset but adopted from
+    another one (models/adoption.py). Stored as one flat JSON record (`to_record`: the model's fields beside the
+    figures), so that its content version leaves out where the model lives (models/versions.py)."""
     model: RegisteredModel
     figures: Mapping[str, float] = field(default_factory=dict)
     settings: Mapping[str, Any] = field(default_factory=dict)
     protocol: str = "split"
+    adoption: ModelAdoption | None = None
+
+    @property
+    def trained_on(self) -> str | None:
+        """The dataset an adopted model was trained on; None for one trained on the dataset it serves."""
+        return self.adoption.trained_on if self.adoption else None
 
     def figure(self, name: str) -> float:
         """A figure the training recorded; a KeyError saying to re-materialize a value stored before it did."""
@@ -154,7 +168,7 @@ class TrainedModel:
 
     def to_record(self) -> dict:
         return {RECORD_TYPE: TRAINED_MODEL, **asdict(self.model), **self.figures, "settings": dict(self.settings),
-                "protocol": self.protocol}
+                "protocol": self.protocol, **({"adoption": self.adoption.to_record()} if self.adoption else {})}
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> "TrainedModel":
@@ -163,8 +177,10 @@ class TrainedModel:
         if missing:
             raise ValueError(f"not a trained model record: missing {missing} (has {sorted(record)})")
         figures = {k: v for k, v in record.items() if k not in MODEL_FIELDS and k not in TRAINED_MODEL_KEYS}
+        adoption = record.get("adoption")
         return cls(RegisteredModel(**{name: record[name] for name in MODEL_FIELDS}), figures,
-                   dict(record.get("settings") or {}), str(record.get("protocol") or "split"))
+                   dict(record.get("settings") or {}), str(record.get("protocol") or "split"),
+                   ModelAdoption.from_record(adoption) if adoption else None)
 
 
 class ModelStore:
@@ -221,6 +237,19 @@ class ModelStore:
             return None
         version = self.client().get_model_version(name, str(aliases[alias]))
         return version_ref(version, aliases_of(aliases, int(version.version)))
+
+    def version(self, name: str, number: int) -> ModelVersionRef | None:
+        """Version `number` of `name`, or None when the model or that version does not exist."""
+        from mlflow.exceptions import MlflowException
+
+        aliases = self.aliases(name)
+        try:
+            version = self.client().get_model_version(name, str(number)) if aliases is not None else None
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            version = None
+        return None if version is None else version_ref(version, aliases_of(aliases, int(version.version)))
 
     def registered(self, like: str) -> list[str]:
         """The registered model names matching SQL LIKE pattern `like` (e.g. covlab.%.mcompass_student), sorted."""

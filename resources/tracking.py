@@ -106,6 +106,10 @@ class TrackingResource(ConfigurableResource):
         """Every version of `name` with its tags and aliases, oldest first; [] when it is not registered."""
         return self.store().versions(name)
 
+    def version(self, name: str, number: int) -> ModelVersionRef | None:
+        """Version `number` of `name` with its tags and aliases; None when there is no such version."""
+        return self.store().version(name, number)
+
     def download(self, ref: ModelVersionRef, dst: Path | None = None, content_hash: str | None = None) -> Path:
         """The version's weights, verified (ModelStore.download) under this resource's artifact folder name."""
         return self.store().download(ref, dst, content_hash, self.weights_artifact_path)
@@ -170,6 +174,19 @@ class TrackingResource(ConfigurableResource):
         from urllib.parse import quote
 
         return f"{self.ui_base_url()}/#/models/{quote(ref.name, safe='')}/versions/{ref.version}{UI_WORKFLOW_QUERY}"
+
+    def register_adopted(self, source: ModelVersionRef, name: str, tags: dict[str, str]) -> ModelVersionRef:
+        """Register `source`'s files (not copied: the same artifact location and run) as a new version of `name`
+        with `tags` beside the source's content and version hashes, and point the candidate alias at it: a model
+        adopted from another dataset (models/adoption.py) is then a version of the adopting dataset's model."""
+        client = self._client()
+        self._ensure_registered_model(name)
+        tags = {**self._redacted(tags, self._secret_values()),
+                **{key: source.tags[key] for key in (CONTENT_HASH_TAG, VERSION_HASH_TAG) if key in source.tags}}
+        version = client.create_model_version(name, source.source, run_id=source.run_id, tags=tags,
+                                              description=f"adopted: the files of {source.uri}")
+        client.set_registered_model_alias(name, self.candidate_alias, str(version.version))
+        return version_ref(version, (self.candidate_alias,))
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         """Point `alias` (e.g. champion) at `version` of `name`, moving it from any other version."""

@@ -32,8 +32,9 @@ from covlab.models.registry import (METHOD, Coverage, Method, PoolOrder, Role, S
 from covlab.models.registry import method as registry_method
 from covlab.models.replay import RecordedDecisions
 from covlab.models.selectors import NORM_TOLERANCE, Blend, Budget, Pool, RelevanceOrder, Selection, Selector
-from covlab.resources.model_store import (CONTENT_HASH_TAG, PROMOTED_BY_TAG, ModelStore, ModelVersionRef,
-                                         WeightsChanged, recorded_decisions, weights_change)
+from covlab.resources.model_store import (ADOPTED_FROM_TAG, CONTENT_HASH_TAG, PROMOTED_BY_TAG, TRAINED_ON_TAG,
+                                         ModelStore, ModelVersionRef, WeightsChanged, recorded_decisions,
+                                         weights_change)
 from covlab.serving.shared import served_models, shared_encoder
 
 # Bytes of texts and counts a selector's token counter keeps, the least recently counted dropped first
@@ -260,8 +261,9 @@ def _require_finite(vectors: Sequence[tuple[tuple, np.ndarray]]) -> None:
 @dataclass(frozen=True)
 class ModelProvenance:
     """A model version a selector read: name, version and the alias it was loaded by, its URI and MLflow run,
-    the content hash of its files, the Dagster run that trained it, and the report figure that promoted it
-    (the version's PROMOTED_BY_TAG: report, results-store id, method, metric, split, value)."""
+    the content hash of its files, the Dagster run that registered it, the report figure that promoted it
+    (the version's PROMOTED_BY_TAG: report, results-store id, method, metric, split, value), the dataset it was
+    trained on, and, for a version adopted from another dataset (models/adoption.py), the version it is."""
     name: str
     version: int
     alias: str | None
@@ -270,12 +272,15 @@ class ModelProvenance:
     content_hash: str | None
     dagster_run_id: str | None
     promoted_by: dict | None
+    trained_on: str | None = None
+    adopted_from: str | None = None
 
     @classmethod
     def of(cls, ref: ModelVersionRef, alias: str | None) -> ModelProvenance:
         promoted = ref.tags.get(PROMOTED_BY_TAG)
         return cls(ref.name, ref.version, alias, ref.uri, ref.run_id, ref.tags.get(CONTENT_HASH_TAG),
-                   ref.tags.get("dagster.run_id"), json.loads(promoted) if promoted else None)
+                   ref.tags.get("dagster.run_id"), json.loads(promoted) if promoted else None,
+                   ref.tags.get(TRAINED_ON_TAG, ref.tags.get("dagster.partition")), ref.tags.get(ADOPTED_FROM_TAG))
 
 
 @dataclass(frozen=True)

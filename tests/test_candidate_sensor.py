@@ -47,7 +47,11 @@ def graph(weights) -> list:
             return content_output(pd.DataFrame({"rows": [0]}))
         return other_report
 
-    return [coverage_estimator, selection_coverage_greedy, coverage_report, model_promotions,
+    @asset(partitions_def=DATASETS, code_version="1")
+    def transfer_report(coverage_report: pd.DataFrame, comparison_report: pd.DataFrame):
+        return content_output(coverage_report)
+
+    return [coverage_estimator, selection_coverage_greedy, coverage_report, model_promotions, transfer_report,
             *(report(name) for name in ("comparison_report", "pool_comparison", "retrieval_report"))]
 
 
@@ -84,7 +88,7 @@ def test_a_new_candidate_runs_what_has_not_read_it_then_the_reports_and_promotio
         [request] = second.run_requests
         assert request.tags["covlab/candidates"] == "covlab.demo.coverage_estimator v2"
         assert [k.to_user_string() for k in request.asset_selection] == sorted(
-            [*REPORTS_AND_PROMOTIONS, "selection_coverage_greedy"])
+            [*REPORTS_AND_PROMOTIONS, "selection_coverage_greedy", "transfer_report"])  # what reads v2, on to them
 
         run(request.asset_selection)
         third = tick(second.cursor)

@@ -58,6 +58,24 @@ def test_readding_a_name_with_another_source_needs_replace(folder, tmp_path, dem
     assert json.loads((covlab_home / "datasets.json").read_text())["mine"]["path"] == str(other.resolve())
 
 
+def test_like_registers_anothers_data_and_models_from_names_whose_models_it_adopts(folder, covlab_home, capsys):
+    assert main(["dataset", "add", "mine", "--format", "covlab", "--path", str(folder)]) == 0
+    assert main(["dataset", "add", "mine-from-demo", "--like", "mine", "--models-from", "demo"]) == 0
+    assert "adopt the models of demo@champion" in capsys.readouterr().out
+    stored = json.loads((covlab_home / "datasets.json").read_text())
+    assert stored["mine-from-demo"] == {"format": "covlab", "path": str(folder.resolve()),
+                                        "models_from": "demo@champion"}
+    assert main(["dataset", "list"]) == 0
+    assert "mine-from-demo\tcovlab\t" in (listed := capsys.readouterr().out) and "--models-from demo@champion" in listed
+    for argv, says in ((["--like", "nope"], "--like 'nope': no such dataset; registered: demo, mine"),
+                       (["--like", "mine", "--format", "covlab"], "give either --like or --format/--path"),
+                       (["--format", "covlab", "--path", str(folder), "--models-from", "demo@"], "expected <dataset>"),
+                       ([], "expected --format F (with --path P), or --like OTHER")):
+        assert main(["dataset", "add", "other", *argv]) == 2
+        assert says in capsys.readouterr().err
+    assert "other" not in json.loads((covlab_home / "datasets.json").read_text())
+
+
 def test_store_paths_refuse_anything_but_one_segment(tmp_path):
     for part in ("..", ".", "", "a/b", "../x", "a\\b", "a\0b", "é" * 200):
         with pytest.raises(ValueError, match="cannot be a path segment"):

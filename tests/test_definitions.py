@@ -74,7 +74,10 @@ EXPECTED_ASSETS = {
     "pool_comparison": ("reports", TABLE, None, False),
     "answers": ("answers", TABLE, None, False),
     "answer_report": ("answers", TABLE, None, False),
+    "transfer_report": ("reports", TABLE, None, True),
 }
+# Assets covlab observes and never materializes (orchestration/definitions.py OBSERVED_ASSETS): in no job.
+EXPECTED_OBSERVED = {"adopted_models": ("coverage", {"mlflow"}, None, False)}
 EXPECTED_CHECKS = {  # (asset, check)
     *((table, f"{table}_integrity")
       for table in ("corpus", "queries", "nuggets", "nugget_links", "qrels", "candidates")),
@@ -96,7 +99,8 @@ if importlib.util.find_spec("dagster_k8s"):  # the same, each step a Kubernetes 
 # the reports and every asset they read: what the nightly automation evaluates and may run
 EVALUATION = set(EXPECTED_ASSETS) - {"model_promotions", "answers", "answer_report"}
 EXPECTED_SENSORS = {"nightly_reevaluation": EVALUATION,  # sensor -> target assets
-                    "mlflow_candidate_sensor": EVALUATION | {"model_promotions"}}
+                    "mlflow_candidate_sensor": EVALUATION | {"model_promotions"},
+                    "adopted_model_sensor": set()}  # it records observations of adopted_models, runs nothing
 HEAVY = {key for key, (_, _, device, _) in EXPECTED_ASSETS.items() if device == GPU}
 
 
@@ -117,13 +121,15 @@ def test_the_code_location_matches_its_written_out_snapshot():
         assert 1 <= len(node.kinds) <= 3, key  # the UI shows at most three
         seen[key.to_user_string()] = (node.group_name, node.kinds, node.tags.get(DEVICE_TAG),
                                       "dagster/column_schema" in node.metadata)
-    assert seen == EXPECTED_ASSETS
+    assert seen == {**EXPECTED_ASSETS, **EXPECTED_OBSERVED}
+    assert {k.to_user_string() for k in graph.get_all_asset_keys() if not graph.get(k).is_materializable} == set(
+        EXPECTED_OBSERVED)
     assert {(k.asset_key.to_user_string(), k.name) for k in graph.asset_check_keys} == EXPECTED_CHECKS
     assert {job.name: _targets(job.name) for job in defs.resolve_all_job_defs()
             if not job.name.startswith("__")} == EXPECTED_JOBS  # "__": Dagster's implicit jobs
     assert not defs.schedules
     assert {s.name: {k.to_user_string() for k in s.asset_selection.resolve(graph)}
-            if isinstance(s, AutomationConditionSensorDefinition) else _targets(s.job_name)
+            if isinstance(s, AutomationConditionSensorDefinition) else _targets(s.job_name) if s.targets else set()
             for s in defs.sensors} == EXPECTED_SENSORS
 
 
@@ -167,7 +173,7 @@ def test_every_heavy_asset_is_a_gpu_step_with_pool_device_tag_and_k8s_request():
 
 
 def test_every_asset_has_a_code_version_and_the_datasets_partitions():
-    for key in defs.resolve_asset_graph().get_all_asset_keys():
+    for key in defs.resolve_asset_graph().materializable_asset_keys:
         node = _node(key.to_user_string())
         assert node.code_version, key
         assert node.partitions_def is not None and node.partitions_def.name == "datasets", key
@@ -223,7 +229,7 @@ def test_every_asset_links_to_the_code_that_computes_it():
 
     graph = defs.resolve_asset_graph()
     root = Path(__file__).resolve().parents[1]
-    for key in graph.get_all_asset_keys():
+    for key in graph.materializable_asset_keys:
         (reference,) = graph.get(key).metadata["dagster/code_references"].code_references
         path = Path(reference.file_path)
         assert path.is_relative_to(root / "assets"), (key, path)

@@ -1,13 +1,21 @@
 """A real distributed run on Dagster's own engine (deploy/, README "Scaling out"): two Celery workers over the
 Redis broker on 127.0.0.1 (one consuming the `gpu` queue, one the default `dagster` queue), PostgreSQL instance
-storage, MLflow and the results store in fresh PostgreSQL databases, and the whole demo pipeline (every asset
-of `build_all`, the demo's config with the tiny test encoders) through the Celery executor (`build_all_celery`).
+storage, MLflow and the results store in fresh PostgreSQL databases, and a slice of the demo pipeline (the demo's
+config with the tiny test encoders) through the Celery executor (`build_all_celery`).
 
-One run is interrupted: the default worker is SIGKILLed while it runs a CPU step, the run is failed, the
-queue purged, a new default worker started, and the run re-executed from failure. Then (a) every GPU step ran
-on the `gpu` worker and every other step on the default one, (b) the report's figures equal an in-process run's
-with the same config, (c) no step that had finished was run again, and the results store holds the report's
-rows once.
+The slice (PIPELINE) is `coverage_report` and `model_promotions` with everything upstream of them: ingest, pools,
+judgments, both trained estimators, the LMVU ranker, six GPU steps (the estimators, item and pool scoring, both
+coverage matrices), the selections, the coverage report, the promotion decisions, and their asset checks. The
+rest of the demo pipeline (budgeted selections, MCompass, answers and their reports) would add only more steps of
+the same kinds on the same two queues, each a Celery task of a second or more.
+
+One run is interrupted: the default worker is SIGKILLed while it runs a CPU step after two GPU steps have
+finished, the run is failed, the queue purged, a new default worker started, and the run re-executed from
+failure. Then (a) every GPU step ran on the `gpu` worker and every other step on the default one, (b) the
+coverage report and the figures in the results store equal an in-process run's of the same slice and config,
+(c) no step that had finished was run again, and the results store holds the rows of each asset of the slice that
+records figures once: the coverage report's, and the promotions' (the dev scores they read from the models
+that steps on either worker registered in MLflow).
 """
 
 import json
@@ -42,10 +50,13 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 PG = "postgresql+psycopg2://postgres@127.0.0.1:5432"
-PIPELINE = sorted(k.to_user_string() for k in AssetSelection.all().resolve(defs.resolve_asset_graph()))
-REPORTS = tuple(report.value for report in Report)
-# every asset that records figures in the results store: the reports and the promotion decisions (the figure
-# that promoted each champion)
+# The slice of the pipeline both runs build (module docstring): a report that records figures, the promotion
+# decisions, and everything upstream of them; a multi-asset (dataset_tables) whole, as a step builds it.
+PIPELINE = sorted(k.to_user_string() for k in AssetSelection.assets("coverage_report", "model_promotions").upstream()
+                  .required_multi_asset_neighbors().resolve(defs.resolve_asset_graph()))
+REPORTS = tuple(report.value for report in Report if report.value in PIPELINE)
+# every asset of the slice that records figures in the results store: its reports and the promotion decisions
+# (the figure that promoted each champion)
 FIGURE_WRITERS = (*REPORTS, "model_promotions")
 
 
@@ -61,10 +72,16 @@ GPU_STEPS = {defs.resolve_assets_def(key).op.name for key in PIPELINE
 
 # The run's own process (what the daemon's run launcher would start): `build_all_celery` from the code location,
 # a new run of the pipeline or a re-execution from failure of a parent run. Prints the run id first.
+# The Celery executor looks for finished tasks and submits the steps they unblock once per tick (1 s): a
+# shorter tick cuts that wait from each link of the chain of steps; what runs where and in which order is as
+# before.
 LAUNCH = """
 import json, sys
+import dagster_celery.core_execution_loop
 from dagster import AssetKey, DagsterInstance, ReexecutionOptions, execute_job
 from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+dagster_celery.core_execution_loop.TICK_SECONDS = 0.2
 
 spec = json.loads(sys.argv[1])
 job = ReconstructableRepository.for_module("covlab.orchestration.definitions", "defs").get_reconstructable_job(
@@ -240,16 +257,25 @@ def _worker_of_steps(instance, run_id: str) -> dict[str, str]:
 def _kill_default_worker_during_a_cpu_step(deployment, instance, run_id: str, run: subprocess.Popen,
                                            timeout: float = 600) -> str:
     """Waits until a CPU step starts after two GPU steps have finished, SIGKILLs the default worker's whole
-    process group (worker and its pool child), returns the step it was running."""
+    process group (worker and its pool child), returns the step it was running. The worker is stopped (SIGSTOP)
+    before its running step is looked up: a short step (an asset check takes a few tenths of a second) cannot
+    then finish between the look-up and the kill; a worker found between two steps is let go on (SIGCONT)."""
+    def running_cpu_steps() -> set[str]:
+        return (_steps(instance, run_id, DagsterEventType.STEP_START)
+                - _steps(instance, run_id, DagsterEventType.STEP_SUCCESS) - GPU_STEPS)
+
+    worker = deployment.workers["cpu"]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        succeeded = _steps(instance, run_id, DagsterEventType.STEP_SUCCESS)
-        if len(succeeded & GPU_STEPS) >= 2:
-            running = _steps(instance, run_id, DagsterEventType.STEP_START) - succeeded - GPU_STEPS
+        if len(_steps(instance, run_id, DagsterEventType.STEP_SUCCESS) & GPU_STEPS) >= 2 and running_cpu_steps():
+            os.killpg(worker.pid, signal.SIGSTOP)
+            time.sleep(0.5)  # an event the worker sent just before it stopped is stored by now
+            running = running_cpu_steps()
             if running:
-                os.killpg(deployment.workers["cpu"].pid, signal.SIGKILL)
-                deployment.workers["cpu"].wait(20)
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(20)
                 return sorted(running)[0]
+            os.killpg(worker.pid, signal.SIGCONT)
         assert run.poll() is None, f"the run's process ended before a CPU step started; see {deployment.logs}"
         time.sleep(0.2)
     raise AssertionError(f"no CPU step started after two GPU steps within {timeout} s")
@@ -268,7 +294,7 @@ def _wait_until_no_gpu_step_runs(instance, run_id: str, timeout: float = 300) ->
 
 
 def _in_process_report(tmp_path, monkeypatch, config: dict) -> tuple[dict, pd.DataFrame]:
-    """The same pipeline and config in this process on the embedded defaults (SQLite, local folders)."""
+    """The same slice and config in this process on the embedded defaults (SQLite, local folders)."""
     home = tmp_path / "in-process"
     for name in ("COVLAB_RESULTS_URL", "COVLAB_MLFLOW_TRACKING_URI", "COVLAB_STORAGE_URL", "COVLAB_ARTIFACTS_ROOT"):
         monkeypatch.delenv(name, raising=False)

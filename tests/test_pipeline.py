@@ -15,6 +15,7 @@ from covlab.resources.lineage import audit_materialization
 from covlab.resources.lineage_text import render_text
 from covlab.resources.report_lineage import audit_figures
 from covlab.resources.evaluation import EvaluationResource
+from conftest import write_covlab_layout
 from tiny_bert import tiny_pipeline_config
 
 pytestmark = pytest.mark.pipeline
@@ -359,8 +360,11 @@ def test_a_near_chance_estimator_warns_and_every_selection_on_it_keeps_the_fallb
         assert f"dev ROC-AUC {dev_auc:.4f} < 0.6500" in event.metadata["estimator_gate"].value, name
 
 
-def _data_version(instance, key: str) -> str:
-    record = instance.fetch_materializations(AssetKey(key), limit=1).records[0]
+def _data_version(instance, key: str, partition: str = "demo") -> str:
+    from dagster import AssetRecordsFilter
+
+    record = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey(key),
+                                                                asset_partitions=[partition]), limit=1).records[0]
     return record.asset_materialization.tags["dagster/data_version"]
 
 
@@ -378,8 +382,8 @@ def test_nightly_runs_nothing_when_nothing_changed_then_only_a_changed_selector_
     assert ticks.night(defs) == {}  # nothing missing after the build
     changed = [a for a in ASSETS if AssetKey("selection_oracle_greedy") not in a.keys]
     changed.append(selection_asset(method("oracle_greedy"), code_version="2"))
-    assert ticks.night(_defs(built, with_nightly_condition(changed))) == {"coverage_report": {"demo"},
-                                                                          "selection_oracle_greedy": {"demo"}}
+    assert ticks.night(_defs(built, with_nightly_condition(changed))) == {
+        "coverage_report": {"demo"}, "selection_oracle_greedy": {"demo"}, "transfer_report": {"demo"}}
 
 
 @pytest.mark.slow
@@ -536,3 +540,197 @@ def test_a_bi_encoder_matcher_can_stand_in_for_the_cross_encoder(built):
     assert json.loads((Path(stored["path"]) / "covlab.json").read_text())["kind"] == "biencoder_matcher"
     matrix = _stored(built["home"], "estimated_coverage_matrix")
     assert matrix["probability"].between(0, 1, inclusive="neither").all() and matrix["probability"].nunique() > 1
+
+
+def _write_test_split_of_demo(folder: Path) -> None:
+    """The demo's test queries alone, in the covlab layout (README "Dataset layout"): a dataset with no train
+    or dev split, as a benchmark released for evaluation only is."""
+    from covlab.models.dataset import Dataset
+    from covlab.resources.datasets import read_dataset
+
+    demo = read_dataset("demo", "demo", None)
+    kept = set(demo.queries.loc[demo.queries["split"] == "test", "query_id"])
+    tables = {name: getattr(demo, name) for name in ("queries", "nuggets", "nugget_links", "qrels", "candidates")}
+    write_covlab_layout(Dataset("demo-test", demo.corpus, **{name: table[table["query_id"].isin(kept)]
+                                                             for name, table in tables.items()}), folder)
+
+
+@pytest.fixture(scope="module")
+def adopted(built, tmp_path_factory):
+    """`demo-test`: the demo's test queries alone, registered with the models demo trained (version 1 of each, what
+    the build's selections used), every asset materialized as the build's were."""
+    from covlab.resources.home import dataset_registry
+
+    folder = tmp_path_factory.mktemp("adopting") / "demo-test"
+    _write_test_split_of_demo(folder)
+    dataset_registry().register("demo-test", "covlab", str(folder), models_from="demo@v1")
+    built["instance"].add_dynamic_partitions("datasets", ["demo-test"])
+    result = materialize("demo-test", None, built["config"], built["instance"])
+    return {"result": result, "partition": "demo-test"}
+
+
+@pytest.mark.slow
+def test_a_test_only_dataset_gets_every_report_through_demos_models_and_demos_own_figures(built, adopted):
+    """A dataset with a test split only trains nothing: each adoptable trained asset takes demo's version (a new
+    version of its own model on the same files, tagged with where it was trained), the gate's figures and the
+    blend weights are replayed from demo's record (it has no dev split to measure them on), the MCompass student
+    (never adopted) and what reads it are skipped with the reason, and every other report is built. On the same
+    queries with the same models its coverage figures are demo's own, to the last bit."""
+    from covlab.orchestration.definitions import default_resources
+
+    home, result = built["home"], adopted["result"]
+    assert result.success
+    tracking = default_resources(home)["tracking"]
+    for selector in ("coverage_estimator", "coverage_biencoder", "lmvu_ranker"):
+        value = json.loads((home / "storage" / selector / "demo-test.json").read_text())
+        assert value["adoption"]["trained_on"] == "demo"
+        assert value["adoption"]["source_uri"] == f"models:/covlab.demo.{selector}/1"
+        assert value["adoption"]["training_data_versions"]["corpus"] == _data_version(built["instance"], "corpus")
+        own = tracking.version(f"covlab.demo-test.{selector}", value["version"])
+        source = tracking.version(f"covlab.demo.{selector}", 1)
+        assert own.source == source.source and own.run_id == source.run_id  # the same files, no training run
+        assert own.tags["covlab.trained_on"] == "demo" and own.tags["covlab.adopted_from"] == source.uri
+    estimator = json.loads((home / "storage" / "coverage_estimator" / "demo-test.json").read_text())
+    demo_estimator = json.loads(tracking.version("covlab.demo.coverage_estimator", 1).tags["covlab.trained_value"])
+    assert estimator["dev_auc"] == demo_estimator["dev_auc"]
+    assert estimator["adoption"]["figures_from"].startswith("replayed from demo's record")
+    steps = {e.step_key for e in result.all_events if e.event_type_value == "STEP_SKIPPED"}
+    assert {"mcompass_retrieval", "retrieval_report", "pool_comparison"} <= steps
+    assert not (home / "storage" / "mcompass_student" / "demo-test.json").exists()
+    built_keys = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+    assert {"coverage_report", "comparison_report", "model_promotions"} <= built_keys
+    reason = next(e.user_message for e in built["instance"].all_logs(result.run_id)
+                  if e.step_key == "mcompass_student" and "skipped" in e.user_message)
+    assert "no train queries" in reason and "topic" in reason
+
+    demo = _stored(home, "coverage_report")
+    demo = demo[demo["split"] == "test"].sort_values(["method", "query_id", "metric"]).reset_index(drop=True)
+    test_only = pd.read_parquet(home / "storage" / "coverage_report" / "demo-test.parquet")
+    test_only = test_only.sort_values(["method", "query_id", "metric"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(test_only, demo, check_exact=True)
+
+    blended = result.asset_materializations_for_node("budgeted_coverage_greedy_soft")[0].metadata["details"].value
+    for evidence in (blended.get("blend") or {}).values():
+        assert evidence["metric"] == "replayed" and "replayed from demo's selections" in evidence["split"]
+    comparison = result.asset_materializations_for_node("comparison_report")[0].metadata
+    results = default_resources(home)["results"]
+    stored = results.latest_report("demo-test", "comparison_report")
+    assert stored.record.config["trained_on"]["lmvu"] == "demo"
+    assert "answer" in comparison
+
+    # the transfer report: demo's own figures on these queries are the in-domain reference; at k = 10 the same
+    # models on the same queries keep all of their gain (no change), whatever that gain is
+    transfer = pd.read_parquet(home / "storage" / "transfer_report" / "demo-test.parquet")
+    event = result.asset_materializations_for_node("transfer_report")[0]
+    assert event.metadata["reference"].value == "demo" and event.metadata["source"].value == "demo@v1"
+    at_k = transfer[transfer["budget"] == "k=10"]
+    assert set(at_k["method"]) >= {"coverage_greedy", "relevance_coverage_trained"}
+    assert (at_k["n"] == 3).all() and (at_k["change"] == 0).all()
+
+
+@pytest.mark.slow
+def test_a_served_adopted_model_names_the_dataset_it_was_trained_on(built, adopted):
+    from covlab.serving.selector import load_selector
+
+    selector = load_selector("lmvu", "demo-test", alias="candidate")
+    [provenance] = selector.provenance
+    assert provenance.name == "covlab.demo-test.lmvu_ranker"
+    assert provenance.trained_on == "demo" and provenance.adopted_from == "models:/covlab.demo.lmvu_ranker/1"
+
+
+@pytest.mark.slow
+def test_the_audit_of_a_transferred_figure_crosses_to_the_dataset_that_trained_its_model(built, adopted):
+    """The lineage of demo-test's report reaches demo-test's data and, through the adopted estimator, the
+    materialization in demo that trained it and demo's own data hashes: the cross-dataset edge named."""
+    from covlab.resources.lineage_text import render_text
+
+    report = audit_materialization(built["instance"], AssetKey("coverage_report"), "demo-test")
+    nodes, stack = [], [report]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(node.inputs)
+    adopting = [n for n in nodes if n.asset_key == "coverage_estimator" and n.partition == "demo-test"]
+    assert adopting and {n.adopted_from for n in adopting} == {
+        "models:/covlab.demo.coverage_estimator/1, trained on demo"}
+    [trained] = [n for a in adopting for n in a.inputs if n.partition == "demo"]  # expanded once
+    assert trained.asset_key == "coverage_estimator" and trained.gap is None
+    reached = {(n.asset_key, n.partition): n.data_version for n in nodes}
+    assert reached[("queries", "demo")] == _data_version(built["instance"], "queries")  # demo's data, hashed
+    assert reached[("queries", "demo-test")] == _data_version(built["instance"], "queries", "demo-test")
+    assert reached[("queries", "demo-test")] != reached[("queries", "demo")]
+    assert "ADOPTED (covlab.demo.coverage_estimator/1, trained on demo" in render_text([report])
+
+
+@pytest.mark.slow
+def test_reproduce_rebuilds_a_transferred_figure_adopting_the_same_model_not_retraining_it(built, adopted, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
+    env.update(COVLAB_HOME=str(built["home"]), DAGSTER_HOME=str(built["home"] / "dagster"),
+               OMP_NUM_THREADS=str(torch.get_num_threads()))
+    done = subprocess.run([str(Path(sys.executable).parent / "covlab"), "reproduce", "--dataset", "demo-test",
+                           "--method", "coverage_greedy", "--metric", "alpha_ndcg@10", "--split", "test", "--budget",
+                           "k=10", "--allow-dirty", "--scratch", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "REPRODUCED" in done.stdout
+    assert "models:/covlab.demo.coverage_estimator/1 (trained on demo) is adopted, not retrained" in done.stdout
+
+
+@pytest.mark.slow
+def test_moving_the_sources_champion_makes_the_adopting_datasets_models_and_reports_stale(built, adopted, nightly):
+    """demo-test adopts demo's champions. adopted_model_sensor observes what they are; when demo's estimator
+    champion moves to another version, the next observation has a new data version, and the nightly requests
+    demo-test's adopted models and the reports on them, and nothing of demo's for it."""
+    from dagster import build_sensor_context
+
+    from covlab.orchestration.automation import adopted_model_sensor
+    from covlab.orchestration.definitions import OBSERVED_ASSETS, default_resources
+    from covlab.resources.home import dataset_registry
+
+    instance, home = built["instance"], built["home"]
+    resources = default_resources(home)
+    tracking = resources["tracking"]
+    entry = dataset_registry().entries()["demo-test"]
+    dataset_registry().register("demo-test", entry["format"], entry["path"], replace=True,
+                                models_from="demo@champion")
+    for selector in ("coverage_estimator", "coverage_biencoder", "lmvu_ranker"):
+        tracking.set_alias(f"covlab.demo.{selector}", "champion", 1)
+    defs = Definitions(assets=[*ASSETS, *OBSERVED_ASSETS], sensors=[adopted_model_sensor], resources=resources)
+    sensor = defs.resolve_sensor_def("adopted_model_sensor")
+    cursor = None
+
+    def observe() -> list:
+        nonlocal cursor
+        context = build_sensor_context(instance=instance, definitions=defs, cursor=cursor, resources={
+            "tracking": tracking, "datasets": resources["datasets"]})
+        outcome = sensor(context)
+        cursor = context.cursor
+        events = list(getattr(outcome, "asset_events", None) or [])
+        for event in events:  # what the daemon does with a sensor's observations
+            instance.report_runless_asset_event(event)
+        return events
+
+    assert [e.partition for e in observe()] == ["demo-test"]
+    assert observe() == []  # nothing moved: nothing observed
+    trained = ["coverage_estimator", "coverage_biencoder", "lmvu_ranker"]
+    ops = built["config"]["ops"]
+    assert materialize("demo-test", trained, {"ops": {k: ops[k] for k in trained if k in ops}}, instance).success
+    ticks = nightly(instance)
+    # nothing but what is missing because it skips (the MCompass student trains on train queries demo-test lacks)
+    assert {key for key, partitions in ticks.night(defs).items() if "demo-test" in partitions} <= {
+        "mcompass_student", "mcompass_retrieval", "retrieval_report", "mcompass_pools",
+        "mcompass_pool_coverage_matrix", "pool_comparison"}
+
+    assert materialize("demo", ["coverage_estimator"], {"ops": {"coverage_estimator": ops["coverage_estimator"]}},
+                       instance).success  # a newer version of demo's estimator
+    newer = max(v.version for v in tracking.versions("covlab.demo.coverage_estimator"))
+    tracking.set_alias("covlab.demo.coverage_estimator", "champion", newer)
+    assert [e.partition for e in observe()] == ["demo-test"]
+    requested = {key for key, partitions in ticks.night(defs).items() if "demo-test" in partitions}
+    assert set(trained) <= requested and {"coverage_report", "comparison_report"} <= requested

@@ -26,6 +26,7 @@ from covlab.models.metrics import evaluate_run
 from covlab.models.pools import rank_within_queries
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.model_store import RegisteredModel, TrainedModel
+from covlab.resources.tracking import TrackingResource
 
 TRUSTED, UNTRUSTED = 0.9, 0.545
 # matrix -> the weight of the gold link in each pair's probability (the rest is seeded noise)
@@ -189,7 +190,9 @@ def cases():
 
 
 def run_case(assets_def, dev_auc, strength, settings, inputs, matrices):
-    available = {**inputs, "evaluation": EVALUATIONS[settings]}
+    # the registry is never opened: an estimator trained on this dataset replays no other dataset's decisions
+    available = {**inputs, "evaluation": EVALUATIONS[settings],
+                 "tracking": TrackingResource(tracking_uri="sqlite:///never-opened/mlflow.db")}
     if dev_auc is not None:  # what the selections read of the estimator: its dev ROC-AUC (the gate)
         model = RegisteredModel("covlab.demo.coverage_estimator", 1, "models:/covlab.demo.coverage_estimator/1", "run",
                                 "source", "path", "hash")
@@ -198,8 +201,8 @@ def run_case(assets_def, dev_auc, strength, settings, inputs, matrices):
     if coverage_key is not None:
         coverage = coverage_key.to_user_string()
         available["coverage"] = inputs[coverage] if coverage == "nugget_links" else matrices[(coverage, strength)]
-    return assets_def(**{name: available[name]
-                         for name in [*assets_def.keys_by_input_name, "evaluation"]})
+    resources = assets_def.required_resource_keys & {"evaluation", "tracking"}
+    return assets_def(**{name: available[name] for name in [*assets_def.keys_by_input_name, *resources]})
 
 
 def digest(text: str) -> str:
