@@ -5,7 +5,8 @@ Two sets of per-query figures on the same queries are compared: the in-domain fi
 data that trains its own models, or the models' source dataset itself) and the transferred figures (the adopting
 dataset's). Per trained method, budget and metric, on the queries both hold (paired on query id): each side's mean
 and paired difference to the baseline with its 95% bootstrap CI (models/statistics.py), the per-query change of
-that difference (transferred minus in-domain) with its CI, and the share of the in-domain gain kept.
+that difference (transferred minus in-domain) with its CI, and the share of the in-domain gain kept where there is
+one (its CI above 0).
 
 Both sides are first normalised to TRANSFER_FIGURES (method, budget, query_id, metric, value), the budget a label:
 "k=10" for the coverage report's rank cut-off, "256 tokens" for the comparison's token budgets; each report
@@ -56,12 +57,13 @@ TRANSFER = Schema(
         "change": "mean per-query change of the difference to the baseline: transferred minus in domain",
         "change_ci_low": "lower end of the paired 95% bootstrap CI of the change",
         "change_ci_high": "upper end of the paired 95% bootstrap CI of the change",
-        "kept": "share of the in-domain gain kept: transferred difference / in-domain difference (empty when "
-                "the in-domain difference is 0)"})
+        "kept": "share of the in-domain gain kept: transferred difference / in-domain difference, where the "
+                "in-domain gain is one (its CI above 0; empty otherwise: a ratio to a gain the CI does not show "
+                "says nothing)"})
 
 K_BUDGET = "k={k}"
 TOKEN_BUDGET = "{budget} tokens"
-# An in-domain difference this close to 0 is no gain (rounding of equal figures): its share kept is undefined.
+# An in-domain difference this close to 0 is no gain (rounding of equal figures), whatever its CI says.
 NO_GAIN = 1e-12
 # The evaluation settings (resources/evaluation.py) that change a method's figure on a query, its models and data
 # being the same: figures made under different ones are no in-domain reference of each other. Rank cut-off and token
@@ -81,11 +83,12 @@ def coverage_figures(per_query: pd.DataFrame, split: str) -> pd.DataFrame:
 
 
 def comparison_figures(figures: pd.DataFrame, split: str) -> pd.DataFrame:
-    """TRANSFER_FIGURES of the comparison report's per-query rows (COMPARISON_FIGURES, or its stored figures): the
-    `split` rows of its leaderboard measure (RVC1) at each token budget, budget "<budget> tokens"."""
+    """TRANSFER_FIGURES of the comparison report's per-query rows (COMPARISON_FIGURES, or its stored figures): its
+    leaderboard measure (RVC1) at each token budget, budget "<budget> tokens". Every query it holds: the comparison
+    reports the reported queries only, the `split` ones under the split protocol and every pooled query under
+    topic-grouped cross-validation, so `split` selects nothing more."""
     measure = str(BOARDS[Report.COMPARISON].measure)
-    rows = figures[_equals(figures["metric"], measure) & _equals(figures["split"], split)
-                   & figures["query_id"].notna() & figures["budget"].notna()]
+    rows = figures[_equals(figures["metric"], measure) & figures["query_id"].notna() & figures["budget"].notna()]
     budgets = rows["budget"].astype(int)
     return _figures(rows.assign(budget=[TOKEN_BUDGET.format(budget=b) for b in budgets],
                                 order=budgets.to_numpy()), "comparison report")
@@ -171,7 +174,7 @@ def _compared(ours: pd.DataFrame, theirs: pd.DataFrame, seed: int, n_boot: int) 
             "transferred_mean": moved["mean_a"], "transferred_difference": moved["mean_difference"],
             "transferred_ci_low": moved["ci_low"], "transferred_ci_high": moved["ci_high"],
             "change": change["mean_difference"], "change_ci_low": change["ci_low"], "change_ci_high": change["ci_high"],
-            "kept": np.nan if abs(gain) < NO_GAIN else moved["mean_difference"] / gain}
+            "kept": moved["mean_difference"] / gain if own["ci_low"] > 0 and gain > NO_GAIN else np.nan}
 
 
 def transfer_markdown(table: pd.DataFrame, digits: int = 3) -> str:
