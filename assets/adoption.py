@@ -9,7 +9,7 @@ import warnings
 
 from dagster import AssetSpec, BetaWarning, DataVersion, MetadataValue, ObserveResult, multi_observable_source_asset
 
-from covlab.assets.model_registry import registered_model_name
+from covlab.assets.model_registry import source_version
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS
 from covlab.models.adoption import ModelSource
@@ -44,24 +44,17 @@ def adopted_models(context, datasets: DatasetRegistry, tracking: TrackingResourc
     if source is None:
         yield ObserveResult(asset_key="adopted_models", data_version=DataVersion(TRAINS_ITS_OWN))
         return
-    versions = adopted_versions(source, tracking)
-    yield ObserveResult(asset_key="adopted_models",
-                        data_version=DataVersion(adoption_data_version(source, versions)),
-                        metadata={"models_from": source.spec(), "versions": MetadataValue.json(versions)})
+    version, metadata = observed_adoption(source, tracking)
+    yield ObserveResult(asset_key="adopted_models", data_version=DataVersion(version), metadata=metadata)
 
 
-def adopted_versions(source: ModelSource, tracking: TrackingResource) -> dict[str, str | None]:
-    """For each adoptable trained selector, the version `source` names now as `<uri>#<content hash>`; None
-    where the source has no such version yet."""
-    found = {}
+def observed_adoption(source: ModelSource, tracking: TrackingResource) -> tuple[str, dict]:
+    """What `source` names now, as an observation of `adopted_models` records it: the data version (a hash of the
+    source and, for each adoptable trained selector, the version it resolves to as `<uri>#<content hash>`, None
+    where the source has no such version yet) and the metadata that shows them."""
+    versions = {}
     for trained in ADOPTED:
-        name = registered_model_name(source.dataset, trained.asset)
-        ref = (tracking.version(name, source.version) if source.version is not None
-               else tracking.version_for_alias(name, source.alias))
-        found[trained.asset] = None if ref is None else f"{ref.uri}#{ref.tags.get(CONTENT_HASH_TAG, '')}"
-    return found
-
-
-def adoption_data_version(source: ModelSource, versions: dict[str, str | None]) -> str:
-    """The data version of a dataset's `adopted_models`: what it adopts and what that resolves to."""
-    return record_version({"source": source.spec(), "versions": versions})
+        ref = source_version(tracking, source, trained.asset)
+        versions[trained.asset] = None if ref is None else f"{ref.uri}#{ref.tags.get(CONTENT_HASH_TAG, '')}"
+    return (record_version({"source": source.spec(), "versions": versions}),
+            {"models_from": source.spec(), "versions": MetadataValue.json(versions)})

@@ -154,6 +154,14 @@ def _portable(value: TrainedModel) -> dict:
     return {k: v for k, v in value.to_record().items() if k != "path"}
 
 
+def source_version(tracking: TrackingResource, source: ModelSource, selector: str) -> ModelVersionRef | None:
+    """The registered version of trained selector `selector` that `source` names (its alias or its number); None
+    when the source has no such version."""
+    name = registered_model_name(source.dataset, selector)
+    return (tracking.version(name, source.version) if source.version is not None
+            else tracking.version_for_alias(name, source.alias))
+
+
 def adopt_model(context: AssetExecutionContext, tracking: TrackingResource, artifacts: ArtifactStore,
                 selector: str, source: ModelSource) -> TrainedModel:
     """The registered version of `selector` that `source` names (another dataset's, by alias or version), taken
@@ -162,8 +170,7 @@ def adopt_model(context: AssetExecutionContext, tracking: TrackingResource, arti
     record (figures, settings, protocol) with the adoption beside it (models/adoption.py). Failure naming what to
     materialize when the source has no such version, or registered it before versions recorded their value."""
     name = registered_model_name(source.dataset, selector)
-    ref = (tracking.version(name, source.version) if source.version is not None
-           else tracking.version_for_alias(name, source.alias))
+    ref = source_version(tracking, source, selector)
     if ref is None:
         asked = f"version {source.version}" if source.version is not None else f"a version aliased {source.alias!r}"
         raise Failure(f"{context.partition_key} adopts {selector} from {source.spec()}, but {name} has no {asked}: "

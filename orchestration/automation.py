@@ -28,10 +28,10 @@ import os
 from collections.abc import Sequence
 
 from dagster import (AssetKey, AssetObservation, AssetSelection, AutomationCondition,
-                    AutomationConditionSensorDefinition, DefaultSensorStatus, MetadataValue, RunRequest,
+                    AutomationConditionSensorDefinition, DefaultSensorStatus, RunRequest,
                     SensorEvaluationContext, SensorResult, SkipReason, map_asset_specs, sensor)
 
-from covlab.assets.adoption import adopted_models, adopted_versions, adoption_data_version
+from covlab.assets.adoption import adopted_models, observed_adoption
 from covlab.assets.model_registry import registered_model_name
 from covlab.assets.partitions import DATASETS
 from covlab.models.registry import TRAINED_SELECTORS as TRAINED, Report
@@ -152,13 +152,10 @@ def adopted_model_sensor(context: SensorEvaluationContext, tracking: TrackingRes
         source = datasets.models_source(partition)
         if source is None:
             continue
-        versions = adopted_versions(source, tracking)
-        version = adoption_data_version(source, versions)
+        version, metadata = observed_adoption(source, tracking)
         if seen.get(partition) != version:
             now[partition] = version
-            events.append(AssetObservation(adopted_models.key, partition=partition,
-                                           tags={DATA_VERSION_TAG: version},
-                                           metadata={"models_from": source.spec(),
-                                                     "versions": MetadataValue.json(versions)}))
+            events.append(AssetObservation(adopted_models.key, partition=partition, tags={DATA_VERSION_TAG: version},
+                                           metadata=metadata))
     context.update_cursor(json.dumps(now, sort_keys=True))
     return SensorResult(asset_events=events) if events else SkipReason("no dataset adopts other versions than before")
