@@ -21,7 +21,8 @@ from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS, table_metadata
 from covlab.assets.progress import step_progress
 from covlab.assets.report import PAIRED_COLUMNS
-from covlab.assets.reporting import Publication, leaderboard_entries, publish_report, require_same_settings
+from covlab.assets.reporting import (Publication, leaderboard_entries, publish_report, reported_selections,
+                                     require_same_settings, selection_input)
 from covlab.models.comparison import (compare, embed_items,
                                       markdown, method_protocols, pool_token_counts, resolve_budgets,
                                       train_lmvu_ranker)
@@ -50,6 +51,7 @@ from covlab.resources.results_store import ResultsStore
 from covlab.resources.lineage import DETAILS
 from covlab.resources.materializations import TrainingSummary, recorded_entry
 from covlab.resources.model_store import TrainedModel
+from covlab.resources.profile import RunProfile
 from covlab.resources.tracking import TrackingResource
 
 GROUP = "budgeted"
@@ -256,15 +258,18 @@ class ComparisonConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name="reports", code_version=COMPARISON_CODE_VERSION,
-       ins={name: AssetIn() for name in SELECTIONS.values()}
+       ins={name: selection_input(Report.COMPARISON, method, name) for method, name in SELECTIONS.items()}
        | {name: AssetIn() for name in (*POOL_INPUTS, "nuggets", "nugget_links")},
        kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(COMPARISON_FIGURES))
 def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, evaluation: EvaluationResource,
-                      results: ResultsStore, artifacts: ArtifactStore, **inputs) -> Output[pd.DataFrame]:
+                      profile: RunProfile, results: ResultsStore, artifacts: ArtifactStore,
+                      **inputs) -> Output[pd.DataFrame]:
     """Every budgeted method at every token budget on the reported queries (split: report_split; grouped_cv:
     every pooled query, once): RVC1, RVC2, alpha-nDCG@10, StRecall@10, tokens, IOU and redundancy per
     (method, budget), headroom under the exact oracles, paired statistics of every method against the
-    baseline and of LMVU against MMR; per-query figures to the results store, tables to CSV artifacts."""
+    baseline and of LMVU against MMR; per-query figures to the results store, tables to CSV artifacts. A run
+    without training (the untrained profile) reports the methods that need no trained model and names the
+    others in `left_out`."""
     require_same_settings(context, evaluation)
     started = time.perf_counter()
     protocol = evaluation.evaluation_protocol()
@@ -272,7 +277,9 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
     budgets = resolve_budgets(evaluation.token_budgets, inputs["token_counts"])
     pools = embedded_pools(inputs["bm25_pools"], inputs["queries"], inputs["item_embeddings"], inputs["token_counts"],
                            inputs["corpus"], report_ids, inputs["nuggets"], inputs["nugget_links"])
-    selections = {method: inputs[name] for method, name in SELECTIONS.items()}
+    left_out = profile.left_out(Report.COMPARISON)
+    selections = reported_selections(context, {method: inputs[name] for method, name in SELECTIONS.items()},
+                                     SELECTIONS, left_out)
     result = compare(selections, pools, inputs["nugget_links"], alpha=evaluation.alpha, baseline=config.baseline,
                      seed=config.seed, vital=vital_nuggets(inputs["nuggets"]))
     headline = result.figures[result.figures["metric"] == HEADLINE_METRIC]
@@ -282,14 +289,15 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
     ranked = leaderboard(result.figures, board(Report.COMPARISON, config.baseline), seed=config.seed)
     blends = blend_table({m.name: recorded_entry(context.instance, AssetKey(SELECTIONS[m.name]),
                                                  context.partition_key, DETAILS)
-                          for m in methods(Report.COMPARISON) if m.coverage.estimated}, budgets)
+                          for m in methods(Report.COMPARISON) if m.coverage.estimated and m.name in selections},
+                         budgets)
     return publish_report(context, Publication(
         result.figures, {"leaderboard": ranked, "summary": result.summary, "headroom": result.headroom,
                          "paired": result.paired, "blend_weights": blends, "per_query": result.figures},
         report_figures(result.figures, context.partition_key, k=None),
-        {method: [AssetKey(name)] for method, name in SELECTIONS.items()}, result.figures, [HEADLINE_METRIC],
+        {method: [AssetKey(SELECTIONS[method])] for method in selections}, result.figures, [HEADLINE_METRIC],
         metadata={
-            **leaderboard_entries(context, ranked, config.baseline),
+            **leaderboard_entries(context, ranked, config.baseline, left_out),
             "summary": MetadataValue.md(markdown(result.summary, 3)),
             "figure": MetadataValue.md(markdown_image(budget_chart(
                 headline, f"{HEADLINE_METRIC} (mean over queries) vs token budget"), HEADLINE_METRIC)),
@@ -303,7 +311,8 @@ def comparison_report(context: AssetExecutionContext, config: ComparisonConfig, 
                 "The blend weight of each method on estimated coverage per budget, chosen on the tune split "
                 "(0: its fallback, relevance order)\n\n" + markdown(blends.set_index(["method", "budget"]), 4)),
             "protocol": protocol.kind, "budgets": MetadataValue.json(list(budgets)),
-            "method_protocols": MetadataValue.json(method_protocols(protocol)), "queries": len(pools),
-            "seconds": round(time.perf_counter() - started, 3)}),
+            "method_protocols": MetadataValue.json({m: how for m, how in method_protocols(protocol).items()
+                                                    if m in selections}), "queries": len(pools),
+            "seconds": round(time.perf_counter() - started, 3)}, left_out=left_out),
         code_version=COMPARISON_CODE_VERSION, config=config.model_dump(), evaluation=evaluation, results=results,
         artifacts=artifacts)

@@ -1,7 +1,9 @@
 """Decompose, Estimate, Select (METHODS.md §1): subquestions, judged coverage, the trained estimator and
-coverage bi-encoder, pool scores and estimated coverage matrices."""
+coverage bi-encoder, the scores that rank the k pools (relevance, untrained; coverage-trained) and estimated
+coverage matrices."""
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
@@ -27,7 +29,8 @@ from covlab.models.coverage import (document_texts, estimate_coverage, estimate_
 from covlab.models.cross_encoder import train_cross_encoder
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
 from covlab.models.matcher import train_matcher
-from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES
+from covlab.models.registry import PoolOrder
+from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES, RELEVANCE_SCORES
 from covlab.models.subquestions import (POOL_DEPTH, FocusSettings, focused_decomposition, gold_subquestions,
                                         grounded_decomposition)
 from covlab.models.windows import WindowSelection
@@ -315,36 +318,64 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
 
 
 class ScoringConfig(Config):
-    relevance_model: str = Field("", description="the relevance bi-encoder (empty: packaged MiniLM)")
     batch_size: int = Field(ENCODER_BATCH, description="texts per encoder batch")
     max_length: int = Field(ENCODER_MAX_LENGTH, description="tokens per text")
 
 
+class RelevanceScoringConfig(ScoringConfig):
+    relevance_model: str = Field("", description="the relevance bi-encoder (empty: packaged MiniLM)")
+
+
+def pool_cosines(context: AssetExecutionContext, config: ScoringConfig, column: str, model_path: str,
+                 anchor: Callable[[str], str], queries: pd.DataFrame, bm25_pools: pd.DataFrame, corpus: pd.DataFrame,
+                 evaluation: EvaluationResource, device: DeviceResource) -> pd.DataFrame:
+    """The body of the pool-score assets: `column`, the cosine of each evaluated pool document to its query (the
+    query text as `anchor` writes it) under the bi-encoder at `model_path`, by (query_id, doc_id)."""
+    context.log.info(device.describe())
+    evaluated = queries_of(queries, evaluation.splits)
+    pool = bm25_pools.merge(evaluated[["query_id"]], on="query_id")
+    query_texts = pool["query_id"].map(dict(zip(evaluated["query_id"], evaluated["text"])))
+    doc_texts, torch_device = pool["doc_id"].map(document_texts(corpus)), device.torch_device()
+    model, tokenizer, _ = load_biencoder(model_path, torch_device)
+    scores = cosines(model, tokenizer, list(zip(query_texts.map(anchor), doc_texts)), batch_size=config.batch_size,
+                     max_length=config.max_length, device=torch_device)
+    return pool[["query_id", "doc_id"]].assign(**{column: scores})
+
+
+def pool_scores_output(table: pd.DataFrame, config: ScoringConfig, evaluation: EvaluationResource) -> Output:
+    """A pool-score table versioned by content, with its pairs, queries, evaluated splits and config."""
+    return content_output(table, metadata={"pairs": len(table), "queries": int(table["query_id"].nunique()),
+                                           "splits": MetadataValue.json(evaluation.splits),
+                                           "config": MetadataValue.json(config.model_dump())})
+
+
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+       kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(RELEVANCE_SCORES))
+@reports_peak_rss
+def relevance_scores(context: AssetExecutionContext, config: RelevanceScoringConfig, queries: pd.DataFrame,
+                     bm25_pools: pd.DataFrame, corpus: pd.DataFrame, evaluation: EvaluationResource,
+                     device: DeviceResource) -> Output[pd.DataFrame]:
+    """Cosine of each evaluated pool document to its query under the relevance bi-encoder: relevance order's k
+    pool (models/registry.py PoolOrder.RELEVANCE). No trained model: a run without training builds it."""
+    table = pool_cosines(context, config, PoolOrder.RELEVANCE.column, config.relevance_model or default_base_model(),
+                         lambda q: q, queries, bm25_pools, corpus, evaluation, device)
+    return pool_scores_output(RELEVANCE_SCORES.conform(table), config, evaluation)
+
+
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2", **gpu_step(),
        kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(POOL_SCORES))
 @reports_peak_rss
 def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: pd.DataFrame,
                 bm25_pools: pd.DataFrame, corpus: pd.DataFrame, coverage_biencoder: TrainedModel,
                 evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
                 artifacts: ArtifactStore) -> Output[pd.DataFrame]:
-    """Cosine of each evaluated pool document to its query under the relevance bi-encoder and under the
-    coverage-trained bi-encoder (anchor `query [COVERED] none`)."""
-    context.log.info(device.describe())
-    evaluated = queries_of(queries, evaluation.splits)
-    pool = bm25_pools.merge(evaluated[["query_id"]], on="query_id")
-    query_texts = pool["query_id"].map(dict(zip(evaluated["query_id"], evaluated["text"])))
-    doc_texts, torch_device = pool["doc_id"].map(document_texts(corpus)), device.torch_device()
-    scores = {}
-    for column, path, anchor in (("relevance", config.relevance_model or default_base_model(), lambda q: q),
-                                 ("coverage_trained", load_registered_model(coverage_biencoder, tracking, artifacts),
-                                  lambda q: coverage_anchor(q, []))):
-        model, tokenizer, _ = load_biencoder(path, torch_device)
-        scores[column] = cosines(model, tokenizer, list(zip(query_texts.map(anchor), doc_texts)),
-                                 batch_size=config.batch_size, max_length=config.max_length, device=torch_device)
-    table = POOL_SCORES.conform(pool[["query_id", "doc_id"]].assign(**scores))
-    return content_output(table, metadata={"pairs": len(table), "queries": int(table["query_id"].nunique()),
-                                           "splits": MetadataValue.json(evaluation.splits),
-                                           "config": MetadataValue.json(config.model_dump())})
+    """Cosine of each evaluated pool document to its query under the coverage-trained bi-encoder (anchor
+    `query [COVERED] none`): the k pool of the methods ranked by it (models/registry.py
+    PoolOrder.COVERAGE_TRAINED)."""
+    table = pool_cosines(context, config, PoolOrder.COVERAGE_TRAINED.column,
+                         load_registered_model(coverage_biencoder, tracking, artifacts),
+                         lambda q: coverage_anchor(q, []), queries, bm25_pools, corpus, evaluation, device)
+    return pool_scores_output(POOL_SCORES.conform(table), config, evaluation)
 
 
 def estimated_matrix_output(context, scoring: EstimatorScoring, pools: pd.DataFrame, subqs: pd.DataFrame,

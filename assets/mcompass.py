@@ -6,7 +6,7 @@ of coverage selection from them and from the BM25 pools."""
 
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator, Literal
 
@@ -30,8 +30,9 @@ from covlab.models.comparison import markdown
 from covlab.models.biencoder import load_first_stage
 from covlab.models.encoders import default_base_model
 from covlab.models.mcompass import (RETRIEVAL_CORPUS, STUDENT, PairSettings, RetrievalCorpus, StudentSettings,
-                                    TrainingSettings, load_students, sample_pairs, save_students, student_runs,
-                                    student_variants, teacher_agreement, teacher_logits, train_students)
+                                    TrainingSettings, distilled_queries, load_students, sample_pairs, save_students,
+                                    student_plan, student_runs, student_variants, teacher_agreement, teacher_logits,
+                                    train_students)
 from covlab.models.metrics import ALPHA_NDCG, IE
 from covlab.models.pools import evidence_documents, pool_agreement, pools_from_chunk_run
 from covlab.models.registry import method, trained_selector
@@ -179,23 +180,26 @@ class TeacherConfig(Config):
     seed: int = Field(0, description="seed of the pair sampling")
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2",
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="3",
        kinds={"pytorch", "parquet"}, owners=OWNERS, **gpu_step())
 def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, queries: pd.DataFrame,
                      subquestions: pd.DataFrame, chunks: pd.DataFrame, chunk_links: pd.DataFrame,
                      chunk_qrels: pd.DataFrame, chunk_index: dict, coverage_estimator: TrainedModel,
                      lucene: LuceneResource,
                      llm: LLMResource, tracking: TrackingResource, artifacts: ArtifactStore,
-                     device: DeviceResource, estimator_scoring: EstimatorScoring) -> Output[pd.DataFrame]:
-    """Distillation pairs of every query with evidence: (query_id, chunk_id, label, kind, teacher_logit),
-    evidence chunks and random and BM25-hard negatives. The teacher rates the evidence and the hard negatives;
+                     device: DeviceResource, estimator_scoring: EstimatorScoring,
+                     evaluation: EvaluationResource) -> Output[pd.DataFrame]:
+    """Distillation pairs of every query with evidence that the students learn from or keep their epoch on
+    (models/mcompass.distilled_queries: under split the train and tune splits', under grouped_cv every query):
+    (query_id, chunk_id, label, kind, teacher_logit), evidence chunks and random and BM25-hard negatives. The teacher rates the evidence and the hard negatives;
     teacher_logit is NaN for random negatives and under the gold source. The estimator source is the
     coverage_estimator asset's model version (an input, so its lineage and cost lead through it), scored at
     estimator_scoring's batch size as the estimated matrices are."""
     gold = evidence(chunk_links, chunk_qrels).groupby("query_id")["chunk_id"].apply(set).to_dict()
     hits = lucene.top_n(Path(chunk_index["path"]), queries, config.hard_depth)
     ranking = hits.groupby("query_id")["doc_id"].apply(list).to_dict()
-    pairs = sample_pairs(list(queries["query_id"]), gold, ranking, list(chunks["chunk_id"]),
+    distilled = distilled_queries(student_plan(evaluation.evaluation_protocol(), queries))
+    pairs = sample_pairs(distilled, gold, ranking, list(chunks["chunk_id"]),
                          PairSettings(config.positives, config.random_negatives, config.hard_negatives, config.seed))
     text_of_query, text_of_chunk = dict(zip(queries["query_id"], queries["text"])), dict(zip(chunks["chunk_id"],
                                                                                                 chunks["text"]))
@@ -215,7 +219,7 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
     table = pairs.assign(teacher_logit=logits)
     return content_output(table, metadata={**metadata, "pairs": len(table), "queries": int(table["query_id"].nunique()),
                                            "positives": int(table["label"].sum()),
-                                           "queries_without_evidence": int(len(queries) - table["query_id"].nunique()),
+                                           "queries_without_evidence": int(len(distilled) - table["query_id"].nunique()),
                                            "teacher_mean_probability": MetadataValue.json(teacher_agreement(table))})
 
 
@@ -267,7 +271,7 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
     dataset (models/registry.py TrainedSelector.not_adopted)."""
     context.log.info(device.describe())
     protocol = evaluation.evaluation_protocol()
-    plan = list(replace(protocol, kind="split").fold_plan(queries))
+    plan = student_plan(protocol, queries)
     if not plan[0].train:
         why = trained_selector("mcompass_student").not_adopted
         context.log.warning(f"mcompass_student skipped, and what reads it (mcompass_retrieval, retrieval_report, the "
@@ -275,8 +279,6 @@ def mcompass_student(context: AssetExecutionContext, config: StudentConfig, topi
                             f"the student is not adopted from another dataset: {why}")
         return
     bank = TopicBank.load(topic_metadata_bank["path"])
-    if protocol.cross_validated:
-        plan += [replace(fold, index=fold.index + 1) for fold in protocol.fold_plan(queries)]
     params = {**config.model_dump(), "bank": topic_metadata_bank["content_hash"], "protocol": protocol.kind}
     with training_run(context, tracking, "mcompass_student", params) as training:
         students = train_students(bank, _query_vectors(topic_metadata_bank), mcompass_teacher, plan,

@@ -4,6 +4,8 @@ decorator; GPU steps get their `covlab/device` asset tag from resources/device.p
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 from dagster import MetadataValue, TableColumn, TableColumnConstraints, TableConstraints, TableRecord, TableSchema
 
@@ -12,6 +14,10 @@ from covlab.models.schemas import Schema
 # The owner of every covlab asset (the UI's owner filter and catalog column).
 OWNERS = ["team:covlab"]
 COLUMN_SCHEMA = "dagster/column_schema"  # definition metadata entry the UI shows as the asset's columns
+# Characters per line of a Markdown list shown in the UI's metadata table: the table's value column is as wide as
+# its widest entry (a report's leaderboard table), wider than the panel that shows it, so a longer line runs past
+# the panel's edge; 50 monospace characters fit the narrowest panel, the asset's Overview at a 1,700-pixel window.
+UI_LINE = 50
 # dtypes that Schema.conform never lets through missing (models/schemas.py: _cast).
 NOT_NULL = ("string", "int64")
 
@@ -52,3 +58,11 @@ def table_value(schema: Schema, table: pd.DataFrame, digits: int = 3) -> Metadat
 def table_metadata(schema: Schema) -> dict:
     """Definition metadata of a table asset whose value conforms to `schema`."""
     return {COLUMN_SCHEMA: column_schema(schema)}
+
+
+def markdown_list(lines: list[str], width: int = UI_LINE) -> MetadataValue:
+    """`lines` as a Markdown list whose items break (hard line breaks, at spaces) within `width` characters, so
+    that each is read whole in the Dagster UI's metadata table (UI_LINE)."""
+    def item(line: str) -> str:
+        return "- " + "  \n  ".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False))
+    return MetadataValue.md("\n".join(item(line) for line in lines))

@@ -9,7 +9,8 @@ from pydantic import Field
 
 from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS
-from covlab.assets.reporting import Publication, leaderboard_entries, publish_report, require_same_settings
+from covlab.assets.reporting import (Publication, leaderboard_entries, publish_report, reported_selections,
+                                     require_same_settings, selection_input)
 from covlab.models.leaderboard import board, leaderboard
 from covlab.models.metrics import ALPHA_NDCG, STRECALL, vital_nuggets
 from covlab.models.plots import interval_chart, markdown_image, method_intervals
@@ -17,10 +18,11 @@ from covlab.models.registry import Report, methods
 from covlab.models.report import PAPER_TABLE1, evaluate_selections, paired_against, report_figures, table1
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.evaluation import EvaluationResource
+from covlab.resources.profile import RunProfile
 from covlab.resources.results_store import ResultsStore
 
 REPORT_CODE_VERSION = "1"
-SELECTIONS = {m.name: AssetIn(key=AssetKey(f"selection_{m.name}")) for m in methods(Report.COVERAGE)}
+SELECTIONS = {m.name: f"selection_{m.name}" for m in methods(Report.COVERAGE)}
 # the columns of the paired statistics the metadata shows (every report's; paired.csv holds them all)
 PAIRED_COLUMNS = ["mean_difference", "ci_low", "ci_high", "wins", "ties", "losses", "wilcoxon_p"]
 
@@ -31,17 +33,21 @@ class ReportConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name="reports", code_version=REPORT_CODE_VERSION,
-       ins=SELECTIONS | {"nuggets": AssetIn(), "nugget_links": AssetIn(), "qrels": AssetIn(), "queries": AssetIn()},
+       ins={method: selection_input(Report.COVERAGE, method, name) for method, name in SELECTIONS.items()}
+       | {"nuggets": AssetIn(), "nugget_links": AssetIn(), "qrels": AssetIn(), "queries": AssetIn()},
        kinds={"python", "parquet"}, owners=OWNERS)
 def coverage_report(context: AssetExecutionContext, config: ReportConfig, evaluation: EvaluationResource,
-                    results: ResultsStore, artifacts: ArtifactStore, **inputs):
+                    profile: RunProfile, results: ResultsStore, artifacts: ArtifactStore, **inputs):
     """alpha-nDCG@k, StRecall@k, P@k, nDCG@k of every selection, per query (method, query_id, split,
     metric, value), and vital-only StRecall@k where the dataset's nuggets are graded vital or okay; Table 1 and
-    paired statistics in the metadata; rows in the results store, written last."""
+    paired statistics in the metadata; rows in the results store, written last. A run without training (the
+    untrained profile) reports the methods that need no trained model and names the others in `left_out`."""
     require_same_settings(context, evaluation)
     queries, nugget_links, qrels = inputs.pop("queries"), inputs.pop("nugget_links"), inputs.pop("qrels")
     vital = vital_nuggets(inputs.pop("nuggets"))
-    per_query = evaluate_selections(inputs, nugget_links, qrels, queries, evaluation.k, evaluation.alpha, vital)
+    left_out = profile.left_out(Report.COVERAGE)
+    selections = reported_selections(context, inputs, SELECTIONS, left_out)
+    per_query = evaluate_selections(selections, nugget_links, qrels, queries, evaluation.k, evaluation.alpha, vital)
     table = table1(per_query, evaluation.report_split)
     metric = str(ALPHA_NDCG @ evaluation.k)
     paired = paired_against(per_query, evaluation.report_split, metric, config.baseline, config.seed)
@@ -54,8 +60,8 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
     yield publish_report(context, Publication(
         per_query, {"leaderboard": ranked, "table1": table, "per_query": per_query, "paired": paired},
         report_figures(per_query, context.partition_key, evaluation.k),
-        {method: [selection.key] for method, selection in SELECTIONS.items()}, reported, [metric], metadata={
-            **leaderboard_entries(context, ranked, config.baseline),
+        {method: [AssetKey(SELECTIONS[method])] for method in selections}, reported, [metric], metadata={
+            **leaderboard_entries(context, ranked, config.baseline, left_out),
             "table1": MetadataValue.md(table.rename(columns=lambda m: m.split("@")[0]).rename_axis(
                 f"{table.index.name}, @{evaluation.k}").to_markdown(floatfmt=".3f")),
             "figure": MetadataValue.md(markdown_image(chart, f"{metric} per method")),
@@ -64,6 +70,6 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
                 if len(paired) else "n/a"),
             "paper_table1_on_trec_rag_2024": MetadataValue.md(
                 "The paper's own figures on TREC RAG 2024 (another dataset), for orientation only: not a result "
-                "of this run\n\n" + paper.to_markdown(floatfmt=".3f"))}),
+                "of this run\n\n" + paper.to_markdown(floatfmt=".3f"))}, left_out=left_out),
         code_version=REPORT_CODE_VERSION, config=config.model_dump(), evaluation=evaluation, results=results,
         artifacts=artifacts)

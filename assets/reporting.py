@@ -9,18 +9,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
-from dagster import AssetExecutionContext, AssetKey, Failure, MetadataValue, Output
+from dagster import AssetExecutionContext, AssetIn, AssetKey, Failure, MetadataValue, Output
 
 from covlab.assets.outputs import content_output
-from covlab.assets.presentation import table_value
+from covlab.assets.presentation import markdown_list, table_value
 from covlab.models.leaderboard import answers
-from covlab.models.registry import ADOPTED, METHODS
+from covlab.models.registry import ADOPTED, METHODS, Report, untrained_left_out
 from covlab.models.plots import figure_entries, leaderboard_chart, markdown_image
 from covlab.models.schemas import LEADERBOARD
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.csv_export import write_report_csv
 from covlab.resources.evaluation import EvaluationResource
-from covlab.resources.io_manager import atomic_write
+from covlab.resources.io_manager import OPTIONAL_INPUT, atomic_write
 from covlab.resources.lineage_text import report_lineage_markdown
 from covlab.resources.materializations import recorded_entry, settings_mismatches
 from covlab.resources.report_lineage import REPORT_ID, record_report_lineage, report_id_entry
@@ -33,7 +33,8 @@ class Publication:
     written as `<name>.csv` under the report's artifact folder, `stored` (the results store's rows:
     models/report.report_figures of the per-query rows), `charted` (the rows whose means become the Plots
     tab's numbers, with the `charted_metrics` among them; None: every metric), which inputs produced each
-    method's rows (`method_inputs`, what a figure's audit follows), and the report's own metadata entries."""
+    method's rows (`method_inputs`, what a figure's audit follows), the report's own metadata entries, and the
+    methods it left out with why (`left_out`: a run without training, resources/profile.py)."""
     per_query: pd.DataFrame
     tables: Mapping[str, pd.DataFrame]
     stored: pd.DataFrame
@@ -41,6 +42,33 @@ class Publication:
     charted: pd.DataFrame
     charted_metrics: Sequence[str] | None = None
     metadata: dict = field(default_factory=dict)
+    left_out: Mapping[str, str] = field(default_factory=dict)
+
+
+def selection_input(report: Report, method: str, asset: str) -> AssetIn:
+    """A report's input of `method`'s selection asset `asset`. Where the method needs a trained model in
+    `report` (models/registry.py untrained_left_out) the input is optional: with nothing stored it loads as None
+    (resources/io_manager.py OPTIONAL_INPUT), and `reported_selections` decides whether the run may lack it."""
+    why = untrained_left_out(report).get(method)
+    return AssetIn(key=AssetKey(asset), metadata={OPTIONAL_INPUT: why} if why else None)
+
+
+def reported_selections(context: AssetExecutionContext, selections: Mapping[str, pd.DataFrame | None],
+                        keys: Mapping[str, str], left_out: Mapping[str, str]) -> dict[str, pd.DataFrame]:
+    """The selection of every method a report covers, by method: each of `selections` (method -> its loaded
+    selection asset, `keys` its asset key) but those this run leaves out (`left_out`). A covered method whose
+    selection was never materialized for the partition (an optional input, loaded as None) fails the report
+    naming it: only a run without training may lack a method, and only one that trains."""
+    missing = [m for m, table in selections.items() if table is None and m not in left_out]
+    if missing:
+        partition, report = context.partition_key, context.asset_key.to_user_string()
+        need = untrained_left_out(Report(report))
+        why = "; ".join(f"{keys[m]} ({need[m]})" if m in need else keys[m] for m in missing)
+        raise Failure(f"{report} [{partition}] reads every method's selection, and nothing is stored for {why}: "
+                      f"materialize them first (`covlab materialize --dataset {partition} --select +{report}`)"
+                      + (", or leave out the methods that train with the untrained profile (`--config "
+                         "configs/untrained.yaml`)" if all(m in need for m in missing) else ""))
+    return {m: table for m, table in selections.items() if m not in left_out}
 
 
 def require_same_settings(context: AssetExecutionContext, evaluation: EvaluationResource) -> None:
@@ -69,12 +97,14 @@ def trained_elsewhere(context: AssetExecutionContext) -> dict[str, str]:
     return found
 
 
-def leaderboard_entries(context: AssetExecutionContext, table: pd.DataFrame, baseline: str) -> dict:
+def leaderboard_entries(context: AssetExecutionContext, table: pd.DataFrame, baseline: str,
+                        left_out: Mapping[str, str] | None = None) -> dict:
     """The metadata entries a report leads with (models/leaderboard.py): the answer per budget in a line each
-    (naming where a method's models were trained when that is another dataset: `trained_elsewhere`), the
-    leaderboard as a table with its declared columns, and its figure."""
-    lines = answers(table, trained_elsewhere(context))
-    return {"answer": MetadataValue.md("\n".join(f"- {line}" for line in lines)),
+    (naming where a method's models were trained when that is another dataset: `trained_elsewhere`; then the
+    methods the report left out, `left_out`), the leaderboard as a table with its declared columns, and its
+    figure."""
+    lines = answers(table, trained_elsewhere(context), left_out)
+    return {"answer": markdown_list(lines),
             "leaderboard": table_value(LEADERBOARD, table),
             "leaderboard_figure": MetadataValue.md(markdown_image(leaderboard_chart(table, baseline),
                                                                   "difference to the baseline per budget"))}
@@ -86,7 +116,8 @@ def publish_report(context: AssetExecutionContext, publication: Publication, *, 
     dies before its materialization is recorded stays pending and is never cited), the lineage of the inputs
     (resources/report_lineage.py record_report_lineage), and return the per-query table with the report's
     metadata plus the entries every report carries: artifacts folder, results-store id, lineage, config and
-    settings, and the means of the charted rows."""
+    settings, the methods left out and why (also in the results-store record's config, which `covlab
+    leaderboard` reads), and the means of the charted rows."""
     partition = context.partition_key
     report = context.asset_key.to_user_string()
     folder = artifacts.directory(report, partition, context.run_id)
@@ -97,7 +128,8 @@ def publish_report(context: AssetExecutionContext, publication: Publication, *, 
     stored = results.write_report(ReportRecord(
         dataset=partition, report_asset=report, partition=partition, run_id=context.run_id,
         code_version=code_version, data_version=None,
-        config={**config, "evaluation": evaluation.model_dump(), **({"trained_on": trained_on} if trained_on else {})}),
+        config={**config, "evaluation": evaluation.model_dump(), **({"trained_on": trained_on} if trained_on else {}),
+                **({"left_out": dict(publication.left_out)} if publication.left_out else {})}),
         publication.stored)
     lineage_md = report_lineage_markdown(context.asset_key, partition, lineage, publication.method_inputs)
     charted = figure_entries(publication.charted, publication.charted_metrics)
@@ -105,4 +137,5 @@ def publish_report(context: AssetExecutionContext, publication: Publication, *, 
         **publication.metadata, "artifacts": MetadataValue.path(str(folder)), REPORT_ID: report_id_entry(stored),
         "lineage": MetadataValue.md(lineage_md), "config": MetadataValue.json(config),
         "settings": MetadataValue.json(evaluation.model_dump()),
+        **({"left_out": MetadataValue.json(dict(publication.left_out))} if publication.left_out else {}),
         **{name: MetadataValue.float(value) for name, value in charted.items()}})

@@ -23,16 +23,17 @@ from covlab.resources.model_store import TrainedModel
 from covlab.resources.tracking import TrackingResource
 
 
-def k_selection(method: Method, bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame | None, queries: pd.DataFrame,
+def k_selection(method: Method, bm25_pools: pd.DataFrame, scores: pd.DataFrame | None, queries: pd.DataFrame,
                 evaluation: EvaluationResource, coverage: pd.DataFrame | None = None,
                 estimator: TrainedModel | None = None, nugget_links: pd.DataFrame | None = None,
                 tracking: TrackingResource | None = None) -> Output[pd.DataFrame]:
-    """One method's k selection over the evaluated queries' pools (models/runs.run_method); a method on
+    """One method's k selection over the evaluated queries' pools (models/runs.run_method), ranked by the column of
+    `scores` its entry's order names (models/registry.py PoolOrder; None for BM25 order); a method on
     estimated coverage goes through the estimator gate and the blend, and its metadata says what they decided
     (model_promotions records it on the estimator's version, for serving to replay)."""
     pool = bm25_pools.merge(queries_of(queries, evaluation.splits)[["query_id"]], on="query_id")
     if method.order is not PoolOrder.BM25:
-        pool = rank_pool_by(pool, pool_scores, method.order.column)
+        pool = rank_pool_by(pool, scores, method.order.column)
     columns = GOLD if method.coverage is Coverage.GOLD else ESTIMATED
     pools = ranked_pools(pool, queries, coverage, columns) if coverage is not None else ranked_pools(pool, queries)
     trust = None if estimator is None else evaluation.estimate_trust(estimator.figure("dev_auc"), nugget_links,
@@ -54,9 +55,10 @@ SELECTION_KEYS = {m.name: f"selection_{m.name}" for m in methods(Report.COVERAGE
 
 
 def selection_asset(method: Method, code_version: str | None = None):
-    """The asset of one method: BM25 order needs only the pool, a ranking also the pool scores, a covering
-    method also its coverage matrix; one on estimated coverage also the estimator (its gate) and the gold
-    nugget links (its blend weight is chosen on the tune split)."""
+    """The asset of one method: BM25 order needs only the pool, a ranking also the scores of its order (input
+    `scores`: relevance_scores or pool_scores, PoolOrder.asset), a covering method also its coverage matrix; one on
+    estimated coverage also the estimator (its gate) and the gold nugget links (its blend weight is chosen on the
+    tune split)."""
     common = dict(name=SELECTION_KEYS[method.name], partitions_def=DATASETS, group_name="selections",
                   code_version=code_version or ("3" if method.coverage.estimated else "1"),
                   kinds={"python", "parquet"}, owners=OWNERS, metadata=table_metadata(SELECTIONS),
@@ -69,28 +71,29 @@ def selection_asset(method: Method, code_version: str | None = None):
 
         return pooled
 
+    scores_in = {"scores": AssetIn(key=AssetKey(method.order.asset))}
     if method.coverage is Coverage.NONE:
-        @asset(**common)
-        def ranked(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+        @asset(ins=scores_in, **common)
+        def ranked(bm25_pools: pd.DataFrame, scores: pd.DataFrame, queries: pd.DataFrame,
                    evaluation: EvaluationResource) -> Output[pd.DataFrame]:
-            return k_selection(method, bm25_pools, pool_scores, queries, evaluation)
+            return k_selection(method, bm25_pools, scores, queries, evaluation)
 
         return ranked
 
-    coverage_in = {"coverage": AssetIn(key=AssetKey(method.coverage.asset))}
+    coverage_in = {**scores_in, "coverage": AssetIn(key=AssetKey(method.coverage.asset))}
     if not method.coverage.estimated:
         @asset(ins=coverage_in, **common)
-        def covering(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+        def covering(bm25_pools: pd.DataFrame, scores: pd.DataFrame, queries: pd.DataFrame,
                      coverage: pd.DataFrame, evaluation: EvaluationResource) -> Output[pd.DataFrame]:
-            return k_selection(method, bm25_pools, pool_scores, queries, evaluation, coverage)
+            return k_selection(method, bm25_pools, scores, queries, evaluation, coverage)
 
         return covering
 
     @asset(ins={**coverage_in, "estimator": AssetIn(key=AssetKey(ESTIMATOR.asset))}, **common)
-    def blended(bm25_pools: pd.DataFrame, pool_scores: pd.DataFrame, queries: pd.DataFrame,
+    def blended(bm25_pools: pd.DataFrame, scores: pd.DataFrame, queries: pd.DataFrame,
                 coverage: pd.DataFrame, estimator: TrainedModel, nugget_links: pd.DataFrame,
                 evaluation: EvaluationResource, tracking: TrackingResource) -> Output[pd.DataFrame]:
-        return k_selection(method, bm25_pools, pool_scores, queries, evaluation, coverage, estimator, nugget_links,
+        return k_selection(method, bm25_pools, scores, queries, evaluation, coverage, estimator, nugget_links,
                            tracking)
 
     return blended

@@ -45,7 +45,7 @@ def main() -> None:
     config = tiny_pipeline_config(str(home / "tiny"))
     start = time.perf_counter()
     materialize("demo", None, config, instance)
-    reruns = [k for k in ("pool_scores",)] + [f"selection_{m}" for m in (
+    reruns = ["relevance_scores", "pool_scores"] + [f"selection_{m}" for m in (
         "bm25", "relevance", "relevance_coverage_trained", "coverage_greedy", "coverage_greedy_soft",
         "gold_nugget_bound", "gold_nugget_bound_soft", "oracle_greedy")] + ["coverage_report"]
     rerun_config = {"ops": {k: v for k, v in config["ops"].items() if k in reruns}}

@@ -34,6 +34,7 @@ token budget, and k=20; median of --step-repeats calls; selections compared.
     .venv/bin/python bench/serve.py [--clients 1 8 32] [--seconds 20] [--requests 500] [--rss-requests 10000]
                                     [--home DIR --dataset demo] [--modes precomputed encoded]
                                     [--methods mmr adagres lmvu coverage_greedy] [--coverage-clients 1]
+                                    [--runtime torch|onnx|onnx-int8]
 
 Writes bench/results/serve.json.
 """
@@ -62,6 +63,7 @@ from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH  # noqa: E4
 from covlab.models.registry import method  # noqa: E402
 from covlab.models.selectors import MMR, Budget, Pool  # noqa: E402
 from covlab.models.tokens import TokenCounter  # noqa: E402
+from covlab.models.runtime import DEFAULT_RUNTIME, RUNTIMES  # noqa: E402
 from covlab.serving import vectors_base64  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,12 +136,12 @@ def with_embeddings(requests: list[dict]) -> list[dict]:
 class Server:
     """`covlab serve` in a subprocess on 127.0.0.1 at a free port."""
 
-    def __init__(self, methods: list[str], home: Path, dataset: str | None):
+    def __init__(self, methods: list[str], home: Path, dataset: str | None, runtime: str = DEFAULT_RUNTIME):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         command = [sys.executable, "-m", "covlab.orchestration.cli", "serve", "--port", str(self.port),
-                   "--poll-seconds", "0", "--max-body-bytes", str(64 * 2**20)]
+                   "--poll-seconds", "0", "--max-body-bytes", str(64 * 2**20), "--runtime", runtime]
         command += [a for m in methods for a in ("--method", m)] + (["--dataset", dataset] if dataset else [])
         self.log = tempfile.TemporaryFile(mode="w+")
         env = {**os.environ, "COVLAB_HOME": str(home), "DAGSTER_HOME": str(home / "dagster")}
@@ -270,6 +272,8 @@ def main() -> None:
     parser.add_argument("--home", type=Path, help="COVLAB_HOME to serve from (default: a fresh one)")
     parser.add_argument("--dataset", help="the dataset of the trained methods (lmvu, coverage_greedy)")
     parser.add_argument("--methods", nargs="+", choices=[*UNTRAINED, *TRAINED], default=[*UNTRAINED, *TRAINED])
+    parser.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
+                        help="what the server encodes texts on (covlab serve --runtime; models/runtime.py)")
     parser.add_argument("--coverage-clients", type=int, nargs="+", default=[1],
                         help="client counts for coverage_greedy (its requests take ~35 s each on 2 cores)")
     args = parser.parse_args()
@@ -287,7 +291,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="covlab-bench-serve-") as scratch:
         # mmr is served whatever --methods says: the memory phase's requests are its
-        server = Server(list(dict.fromkeys(["mmr", *methods])), args.home or Path(scratch) / "home", args.dataset)
+        server = Server(list(dict.fromkeys(["mmr", *methods])), args.home or Path(scratch) / "home", args.dataset,
+                        args.runtime)
         try:
             payloads = [json.dumps({**for_method(r, "mmr"), "method": "mmr", "budget": {"tokens": args.budget}})
                         .encode() for r in embedded]

@@ -22,6 +22,7 @@ import torch
 
 from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches, mean_pool,
                                     quiet_loading, read_info, run_batches, save_model_directory, seeded, tokenize)
+from covlab.models.runtime import DEFAULT_RUNTIME, OnnxModel, onnx_model, runtime_on
 
 COVERED_MARKER = "[COVERED]"
 NOTHING_COVERED = "none"
@@ -130,25 +131,41 @@ def info_nce(anchor: torch.Tensor, candidates: torch.Tensor, positive_index: tor
 
 
 def _embed(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The bi-encoder's embedding of a batch: mean-pooled over the attention mask, unit length. What the ONNX
+    runtime's export computes (models/runtime.py)."""
     hidden = model(**batch).last_hidden_state
     return torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]).float(), dim=-1)
+
+
+def _embedder(model, device: torch.device, autocast_dtype: torch.dtype | None
+              ) -> Callable[[dict[str, torch.Tensor]], np.ndarray]:
+    """A batch's embeddings as float32 rows: the export's session for an OnnxModel, else `_embed` under
+    inference_mode and autocast (thread-local: entered per batch)."""
+    if isinstance(model, OnnxModel):
+        return model
+    model.eval()
+
+    def embed(batch: dict[str, torch.Tensor]) -> np.ndarray:
+        with torch.inference_mode(), autocast(device, autocast_dtype):
+            return _embed(model, batch).cpu().numpy()
+
+    return embed
 
 
 def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_length: int = 256,
            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
            streams: int | None = None, progress: Callable[[str], None] | None = None) -> np.ndarray:
     """Unit-length mean-pooled embeddings (n_texts, hidden) in input order; texts tokenized once,
-    length-sorted, dynamically padded and run as score_pairs runs them; `progress` gets done/total,
-    rate and ETA messages (encoders.Progress)."""
+    length-sorted, dynamically padded and run as score_pairs runs them; `model` a torch model or its ONNX
+    export (load_biencoder's `runtime`); `progress` gets done/total, rate and ETA messages (encoders.Progress)."""
     out = np.empty((len(texts), model.config.hidden_size), dtype=np.float32)
     if not texts:
         return out
-    model.eval()
     tokenized = tokenize(tokenizer, texts, None, max_length)
+    embedder = _embedder(model, device, autocast_dtype)
 
     def embed(batch: np.ndarray) -> None:
-        with torch.inference_mode(), autocast(device, autocast_dtype):
-            out[batch] = _embed(model, collate(tokenized, batch, device)).cpu().numpy()
+        out[batch] = embedder(collate(tokenized, batch, device))
 
     run_batches(length_sorted_batches(tokenized.lengths, batch_size), embed, device, streams,
                 Progress("bi-encoder: encoding texts", len(texts), progress, unit="texts"))
@@ -262,21 +279,31 @@ def save_biencoder(model, tokenizer, directory: str | os.PathLike, *, max_length
     return save_model_directory(model, tokenizer, directory, info)
 
 
-def load_biencoder(path_or_name: str | os.PathLike, device: torch.device = CPU):
+def load_biencoder(path_or_name: str | os.PathLike, device: torch.device = CPU, runtime: str = DEFAULT_RUNTIME):
     """(model in eval mode on `device`, tokenizer, info) from a saved coverage bi-encoder, or from any
-    Hugging Face encoder path or name, untrained: the relevance bi-encoder (info {})."""
+    Hugging Face encoder path or name, untrained: the relevance bi-encoder (info {}). With an ONNX `runtime` on
+    the CPU (models/runtime.py) the model is its verified export of `_embed` (a local model directory only),
+    exported first when the directory has none; `encode` and `cosines` take either."""
     from transformers import AutoModel, AutoTokenizer
 
-    with quiet_loading():
-        model = AutoModel.from_pretrained(str(path_or_name)).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(str(path_or_name)), read_info(path_or_name)
+    def torch_model():
+        with quiet_loading():
+            return AutoModel.from_pretrained(str(path_or_name)).to(device).eval()
+
+    tokenizer = AutoTokenizer.from_pretrained(str(path_or_name))
+    model = (torch_model() if runtime_on(runtime, device) == "torch" else
+             onnx_model(path_or_name, runtime, task="embedding", input_names=tokenizer.model_input_names,
+                        load_torch=torch_model, forward=_embed))
+    return model, tokenizer, read_info(path_or_name)
 
 
 def load_first_stage(path_or_name: str, *, batch_size: int, max_length: int, device, autocast_dtype=None,
-                     progress: Callable[[str], None] | None = None) -> Callable[[list[str]], np.ndarray]:
+                     progress: Callable[[str], None] | None = None,
+                     runtime: str = DEFAULT_RUNTIME) -> Callable[[list[str]], np.ndarray]:
     """A bi-encoder (any saved one, e.g. the coverage bi-encoder, or a Hugging Face path or name) as a
-    function texts -> unit vectors: the first stage of models/coverage.estimate_coverage_pruned, the window
-    scorer of models/windows.py, and the encoder of the item embeddings and the topic bank."""
-    model, tokenizer, _ = load_biencoder(path_or_name, device)
+    function texts -> unit vectors, run by `runtime` (load_biencoder): the first stage of
+    models/coverage.estimate_coverage_pruned, the window scorer of models/windows.py, the encoder of the item
+    embeddings and the topic bank, and the service's encoder."""
+    model, tokenizer, _ = load_biencoder(path_or_name, device, runtime)
     return lambda texts: encode(model, tokenizer, texts, batch_size=batch_size, max_length=max_length, device=device,
                                 autocast_dtype=autocast_dtype, progress=progress)

@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from covlab.models.runtime import DEFAULT_RUNTIME
 from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, document_text
 
 COVERED_RATING = 4  # CRUX: a rating >= 4 counts as covered
@@ -164,11 +165,12 @@ def save_estimator(trained, directory: str) -> None:
 
 
 def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_dtype=None,
-                          progress: Callable[[str], None] | None = None
+                          progress: Callable[[str], None] | None = None, runtime: str = DEFAULT_RUNTIME
                           ) -> Callable[[list[tuple[str, str]]], np.ndarray]:
     """A saved coverage estimator, cross-encoder or bi-encoder matcher (by its covlab.json kind), as a
     function from (subquestion, document) pairs to coverage probabilities. A cross-encoder reads long
-    documents as it was trained to (its saved window selection, models/windows.py)."""
+    documents as it was trained to (its saved window selection, models/windows.py), and runs, with its window
+    scorer, on `runtime` (models/runtime.py); a matcher runs on torch."""
     from covlab.models import cross_encoder, matcher
     from covlab.models.encoders import read_info
     from covlab.models.windows import WindowSelection, select_windows
@@ -176,12 +178,12 @@ def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_d
     if read_info(directory).get("kind") == matcher.KIND:
         return matcher.load_matcher_scorer(directory, batch_size=batch_size, device=device,
                                            autocast_dtype=autocast_dtype, progress=progress)
-    model, tokenizer, info = cross_encoder.load_cross_encoder(directory, device)
+    model, tokenizer, info = cross_encoder.load_cross_encoder(directory, device, runtime)
     max_length, windows = info.get("max_length", 256), WindowSelection.from_info(info.get("windows"))
 
     def score(pairs: list[tuple[str, str]]) -> np.ndarray:
         read = select_windows(pairs, tokenizer, max_length, windows, batch_size=batch_size, device=device,
-                              autocast_dtype=autocast_dtype, progress=progress)
+                              autocast_dtype=autocast_dtype, progress=progress, runtime=runtime)
         return cross_encoder.score_pairs(model, tokenizer, [(q, t) for (q, _), t in zip(pairs, read)],
                                          batch_size=batch_size, max_length=max_length, device=device,
                                          autocast_dtype=autocast_dtype, progress=progress)
@@ -190,7 +192,8 @@ def load_estimator_scorer(directory: str, *, batch_size: int, device, autocast_d
 
 
 def rank_pool_by(pools: pd.DataFrame, scores: pd.DataFrame, column: str) -> pd.DataFrame:
-    """The pool re-ranked by a score column of POOL_SCORES (ties by the original rank): the order that
+    """The pool re-ranked by the score `column` of `scores` (RELEVANCE_SCORES or POOL_SCORES, as
+    models/registry.py PoolOrder names them; ties by the original rank): the order that
     breaks ties and fills the rest in greedy selection."""
     merged = pools.merge(scores[["query_id", "doc_id", column]], on=["query_id", "doc_id"])
     ordered = merged.sort_values(["query_id", column, "rank"], ascending=[True, False, True], kind="stable")

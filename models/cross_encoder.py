@@ -29,6 +29,7 @@ from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, col
                                     quiet_loading, read_info, run_batches, save_model_directory, seeded,
                                     shuffled_length_batches, tokenize)
 from covlab.models.metrics import brier_score, expected_calibration_error
+from covlab.models.runtime import DEFAULT_RUNTIME, OnnxModel, onnx_model, runtime_on
 from covlab.models.schemas import document_text
 from covlab.models.windows import WindowSelection, select_windows
 
@@ -143,7 +144,7 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
             tracker = Progress(f"cross-encoder epoch {epoch}/{epochs}", len(train), progress, unit="pairs")
             for batch in shuffled_length_batches(tokenized.lengths, batch_size, shuffle):
                 with autocast(device, autocast_dtype):
-                    logits = model(**collate(tokenized, batch.numpy(), device)).logits[:, 0]
+                    logits = _logit(model, collate(tokenized, batch.numpy(), device))
                 total += steps.step(loss_fn(logits.float(), labels[batch].to(device))) * len(batch)
                 tracker.update(len(batch))
             model.eval()
@@ -171,6 +172,26 @@ def train_cross_encoder(base_model: str, train: pd.DataFrame, dev: pd.DataFrame,
     return trained
 
 
+def _logit(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The estimator's one logit per pair of a batch: what the ONNX runtime's export computes (models/runtime.py)."""
+    return model(**batch).logits[:, 0]
+
+
+def _logits_of(model, device: torch.device, autocast_dtype: torch.dtype | None
+               ) -> Callable[[dict[str, torch.Tensor]], np.ndarray]:
+    """A batch's logits as float32: the export's session for an OnnxModel, else `_logit` under inference_mode and
+    autocast (thread-local: entered per batch)."""
+    if isinstance(model, OnnxModel):
+        return model
+    model.eval()
+
+    def logits(batch: dict[str, torch.Tensor]) -> np.ndarray:
+        with torch.inference_mode(), autocast(device, autocast_dtype):
+            return _logit(model, batch).float().cpu().numpy()
+
+    return logits
+
+
 def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
                 max_length: int = 256, device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
                 streams: int | None = None, progress: Callable[[str], None] | None = None) -> np.ndarray:
@@ -179,18 +200,17 @@ def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_siz
     All pairs are tokenized in one call, sorted by token length and batched with dynamic padding, so a
     batch costs what its own texts cost; under inference_mode, with autocast where `autocast_dtype` is
     given (CUDA). On CPU, `streams` threads score whole batches side by side (encoders.run_batches).
-    `progress` gets done/total, rate and ETA messages (encoders.Progress)."""
+    `model` is a torch model or its ONNX export (load_cross_encoder's `runtime`). `progress` gets done/total,
+    rate and ETA messages (encoders.Progress)."""
     if not pairs:
         return np.zeros(0, dtype=np.float32)
     firsts, seconds = zip(*pairs)
     tokenized = tokenize(tokenizer, firsts, seconds, max_length)
     probs = np.empty(len(pairs), dtype=np.float32)
-    model.eval()
+    logits = _logits_of(model, device, autocast_dtype)
 
     def score(batch: np.ndarray) -> None:
-        with torch.inference_mode(), autocast(device, autocast_dtype):
-            logits = model(**collate(tokenized, batch, device)).logits[:, 0]
-            probs[batch] = torch.sigmoid(logits.float()).cpu().numpy()
+        probs[batch] = torch.sigmoid(torch.from_numpy(logits(collate(tokenized, batch, device)))).numpy()
 
     run_batches(length_sorted_batches(tokenized.lengths, batch_size), score, device, streams,
                 Progress("cross-encoder: scoring pairs", len(pairs), progress, unit="pairs"))
@@ -217,11 +237,25 @@ def save_cross_encoder(trained_or_model: TrainedCrossEncoder | torch.nn.Module, 
                                 {"kind": "cross_encoder", "max_length": max_length})
 
 
-def load_cross_encoder(directory: str | os.PathLike, device: torch.device = CPU):
+def load_cross_encoder(directory: str | os.PathLike, device: torch.device = CPU, runtime: str = DEFAULT_RUNTIME):
     """(model in eval mode on `device`, tokenizer, info) from a saved estimator; a plain Hugging Face
-    encoder path or name loads too, with a fresh one-logit head and info {}."""
+    encoder path or name loads too, with a fresh one-logit head and info {}. With an ONNX `runtime` on the CPU
+    (models/runtime.py) the model is the saved estimator's verified export of `_logit`, exported first when the
+    directory has none; `score_pairs` takes either. A plain encoder has no export: its head is drawn afresh
+    at every load."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    with quiet_loading(new_head=not read_info(directory)):  # a plain encoder gets a fresh head
-        model = AutoModelForSequenceClassification.from_pretrained(str(directory), num_labels=1).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(str(directory)), read_info(directory)
+    info = read_info(directory)
+
+    def torch_model():
+        with quiet_loading(new_head=not info):  # a plain encoder gets a fresh head
+            return AutoModelForSequenceClassification.from_pretrained(str(directory), num_labels=1).to(device).eval()
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    if runtime_on(runtime, device) == "torch":
+        return torch_model(), tokenizer, info
+    if info.get("kind") != "cross_encoder":
+        raise ValueError(f"runtime {runtime!r}: {directory} is not a saved cross-encoder (its covlab.json kind is "
+                         f"{info.get('kind')!r}); only a trained estimator's fixed head can be exported")
+    return (onnx_model(directory, runtime, task="coverage_logit", input_names=tokenizer.model_input_names,
+                       load_torch=torch_model, forward=_logit), tokenizer, info)

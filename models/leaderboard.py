@@ -145,10 +145,12 @@ def leaderboard(per_query: pd.DataFrame, board: Board, budget_label: str = "{bud
     return LEADERBOARD.conform(pd.DataFrame(out), "leaderboard")
 
 
-def answers(table: pd.DataFrame, trained_on: Mapping[str, str] | None = None) -> list[str]:
+def answers(table: pd.DataFrame, trained_on: Mapping[str, str] | None = None,
+            left_out: Mapping[str, str] | None = None) -> list[str]:
     """One line per budget of a LEADERBOARD table: the budget's first-ranked method (its report label, and the
     dataset its models were trained on where `trained_on` names another), its mean, its difference to the
-    baseline with the CI and n, and its verdict."""
+    baseline with the CI and n, and its verdict; then, where the report left methods out (`left_out`: method ->
+    why, a run without training), one line naming them by name, grouped by why."""
     trained_on = trained_on or {}
     lines = []
     for budget, group in table.groupby("budget", sort=False):
@@ -162,6 +164,12 @@ def answers(table: pd.DataFrame, trained_on: Mapping[str, str] | None = None) ->
         label = trained_label(_label(row["method"]), trained_on.get(row["method"]))
         lines.append(f"{budget}: {label} {row['mean']:.3f} ({difference.strip() or 'baseline'}, "
                      f"n={row['n']}): {row['verdict']}")
+    if left_out:
+        reasons: dict[str, list[str]] = {}
+        for method in sorted(left_out, key=lambda m: METHODS_ORDER.get(m, len(METHODS_ORDER))):
+            reasons.setdefault(left_out[method], []).append(method)
+        lines.append("left out because they train: " + "; ".join(
+            f"{', '.join(names)} ({'each ' if len(names) > 1 else ''}{why})" for why, names in reasons.items()))
     return lines
 
 

@@ -38,7 +38,7 @@ from torch import nn
 
 from covlab.models import prompts
 from covlab.models.encoders import seeded
-from covlab.models.protocol import Fold
+from covlab.models.protocol import EvaluationProtocol, Fold
 from covlab.models.topics import BankEncoder, TopicBank, topic_vectors
 
 WEIGHTS_FILE = "student.safetensors"
@@ -545,6 +545,21 @@ def student_variants(settings: StudentSettings) -> dict[str, StudentSettings]:
 
 STUDENT = "mcompass"  # the full student's method name; the registered model's own weights
 VARIANTS_FOLDER = "variants"  # beside them: <fold>/<method>/ of every fold and variant trained
+
+
+def student_plan(protocol: EvaluationProtocol, queries: pd.DataFrame) -> list[Fold]:
+    """The folds the students train on: the train split's (index 0, always: its full student is the registered
+    model), and under grouped_cv also one per topic-grouped fold (indices 1..folds)."""
+    plan = list(replace(protocol, kind="split").fold_plan(queries))
+    if protocol.cross_validated:
+        plan += [replace(fold, index=fold.index + 1) for fold in protocol.fold_plan(queries)]
+    return plan
+
+
+def distilled_queries(plan: Sequence[Fold]) -> list[str]:
+    """The queries whose pairs a student set learns from or keeps its epoch on: every fold's train and tune
+    queries, sorted. The teacher rates these and no others (a test query's pairs are never read)."""
+    return sorted(set().union(*(set(fold.train) | set(fold.tune) for fold in plan)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -50,12 +50,18 @@ class PoolOrder(Enum):
     """What ranks a k selection's BM25 pool (its relevance order: ties and fill); the token comparison's pools
     are ranked by the cosine of their item embeddings instead."""
     BM25 = None  # the BM25 pool's own rank
-    RELEVANCE = "relevance"  # the relevance bi-encoder (a POOL_SCORES column)
-    COVERAGE_TRAINED = "coverage_trained"  # the coverage-trained bi-encoder (a POOL_SCORES column)
+    RELEVANCE = "relevance"  # the relevance bi-encoder, untrained (RELEVANCE_SCORES, the relevance_scores asset)
+    COVERAGE_TRAINED = "coverage_trained"  # the coverage-trained bi-encoder (POOL_SCORES, the pool_scores asset)
 
     @property
     def column(self) -> str | None:
+        """The score column that ranks the pool, None for the BM25 pool's own rank."""
         return self.value
+
+    @property
+    def asset(self) -> str | None:
+        """The asset key (user string) of the table holding `column`, None for the BM25 pool's own rank."""
+        return {PoolOrder.RELEVANCE: "relevance_scores", PoolOrder.COVERAGE_TRAINED: "pool_scores"}.get(self)
 
 
 class Report(Enum):
@@ -129,6 +135,17 @@ class Method:
             roles.add(Role.ORDER_ENCODER)
         return tuple(t for t in TRAINED_SELECTORS if t.role in roles and (t.role is not Role.SELECTOR_MODEL
                                                                            or t.asset == self.trained))
+
+    def trained_for(self, report: Report) -> tuple[TrainedSelector, ...]:
+        """The trained selectors this method's selections in `report` read, in TRAINED_SELECTORS order: the model
+        it applies (`trained`), the coverage estimator behind estimated coverage, and in the coverage report
+        (k) the coverage-trained bi-encoder whose cosine ranks its pool (the comparison ranks its pools by the
+        untrained item embeddings). Empty: the method needs no training there, and a run without training
+        (untrained_left_out) keeps it."""
+        return tuple(t for t in TRAINED_SELECTORS
+                     if t.asset == self.trained or (t.role is Role.COVERAGE_ESTIMATOR and self.coverage.estimated)
+                     or (t.role is Role.ORDER_ENCODER and report is Report.COVERAGE
+                         and self.order is PoolOrder.COVERAGE_TRAINED))
 
     def selector(self, settings: SelectorSettings, model: object = None) -> Selector:
         """This method's selector under `settings` (and its trained `model`)."""
@@ -221,6 +238,14 @@ def method(name: str) -> Method:
 def methods(report: Report) -> tuple[Method, ...]:
     """The methods of `report`, in registry order."""
     return tuple(m for m in METHODS if report in m.reports)
+
+
+def untrained_left_out(report: Report) -> dict[str, str]:
+    """Method -> why a run without training (the untrained profile, resources/profile.py) leaves it out of
+    `report`: "needs the trained <asset>" for each trained selector its selections there read (trained_for);
+    the methods not named here, the exact oracles among them, make the report."""
+    return {m.name: "needs the trained " + " and ".join(t.asset for t in m.trained_for(report))
+            for m in methods(report) if m.trained_for(report)}
 
 
 @dataclass(frozen=True)

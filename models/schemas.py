@@ -123,14 +123,18 @@ CHUNK_LINKS = Schema("chunk_links", {"query_id": "string", "chunk_id": "string",
 CHUNK_QRELS = Schema("chunk_qrels", {"query_id": "string", "chunk_id": "string", "relevance": "int64"},
                      key=("query_id", "chunk_id"))
 
-# Decompose, Estimate, Select (models/coverage.py): judged pairs, coverage matrices, pool scores.
+# Decompose, Estimate, Select (models/coverage.py): judged pairs, coverage matrices, and the scores that rank a k
+# pool (models/registry.py PoolOrder): the relevance bi-encoder's, which needs no training, and the coverage-trained
+# bi-encoder's.
 JUDGMENTS = Schema("coverage_judgments", {"query_id": "string", "doc_id": "string", "subq_id": "string",
                                           "split": "string", "rating": "int64", "covered": "bool"},
                    key=("query_id", "doc_id", "subq_id"))
 COVERAGE_MATRIX = Schema("coverage_matrix", {"query_id": "string", "doc_id": "string", "subq_id": "string",
                                              "probability": "float64"}, key=("query_id", "doc_id", "subq_id"))
-POOL_SCORES = Schema("pool_scores", {"query_id": "string", "doc_id": "string", "relevance": "float64",
-                                     "coverage_trained": "float64"}, key=("query_id", "doc_id"))
+RELEVANCE_SCORES = Schema("relevance_scores", {"query_id": "string", "doc_id": "string", "relevance": "float64"},
+                          key=("query_id", "doc_id"))
+POOL_SCORES = Schema("pool_scores", {"query_id": "string", "doc_id": "string", "coverage_trained": "float64"},
+                     key=("query_id", "doc_id"))
 
 # Per-query figures of one run (models/metrics.py): the table every report builds on.
 PER_QUERY_METRICS = Schema("per_query_metrics", {"query_id": "string", "metric": "string", "value": "float64"},

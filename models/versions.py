@@ -27,6 +27,9 @@ import pandas as pd
 # Keys of a record that name a place (storage path, MLflow run, URI, registry version), not content.
 PLACE_KEYS = frozenset({"path", "source", "uri", "version", "mlflow_run_id", "stored_at"})
 VERSION_LENGTH = 24  # hex characters kept: 96 bits
+# The folder of a model directory that holds its ONNX exports (models/runtime.py): files derived from the weights
+# on a machine that runs them, verified by their own manifest, so not part of the weights' directory_hash.
+EXPORTS_FOLDER = "onnx-exports"
 
 
 def _cell_bytes(value) -> bytes:
@@ -92,11 +95,13 @@ def directory_hash(folder: str | Path) -> str:
 def file_hashes(*folders: str | Path) -> dict[str, str]:
     """Relative path (with "/") -> SHA-256 of each file under `folders`, as if their files lay in one folder: a
     registered version's files are logged into one from the weights' folder and the folder of its MLflow metadata
-    (resources/tracking.py). Comparing two such maps names the files that differ."""
+    (resources/tracking.py). Comparing two such maps names the files that differ. A top-level EXPORTS_FOLDER is
+    left out: exports are derived from the weights after registration."""
     found = {}
     for folder in folders:
         root = Path(folder)
-        found.update({path.relative_to(root).as_posix(): file_hash(path) for path in root.rglob("*") if path.is_file()})
+        found.update({path.relative_to(root).as_posix(): file_hash(path) for path in root.rglob("*")
+                      if path.is_file() and path.relative_to(root).parts[0] != EXPORTS_FOLDER})
     return found
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from covlab.models.encoders import CPU
+from covlab.models.runtime import DEFAULT_RUNTIME
 
 QUESTION_STEP = 16  # tokens: the subquestion's share of a pair is rounded up to a multiple of this
 WINDOW_MODES = ("first", "bi_encoder")
@@ -129,10 +130,11 @@ def boundaries(text: str, offsets: Sequence[tuple[int, int]], word_ids: Sequence
 
 def select_windows(pairs: Sequence[tuple[str, str]], tokenizer, max_length: int, selection: WindowSelection, *,
                    batch_size: int = 64, device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
-                   progress: Callable[[str], None] | None = None) -> list[str]:
+                   progress: Callable[[str], None] | None = None, runtime: str = DEFAULT_RUNTIME) -> list[str]:
     """The document text the cross-encoder reads for each (subquestion, document) pair, in input order:
     the document itself when the pair fits `max_length` tokens of `tokenizer` (or the mode is `first`),
-    else its best window (module docstring). Every distinct window and subquestion is encoded once."""
+    else its best window (module docstring). Every distinct window and subquestion is encoded once, by the
+    selection's bi-encoder on `runtime` (models/runtime.py)."""
     texts = [document for _, document in pairs]
     if selection.mode == "first" or not pairs:
         return texts
@@ -166,7 +168,7 @@ def select_windows(pairs: Sequence[tuple[str, str]], tokenizer, max_length: int,
         progress(f"windows: {len(long_pairs)} of {len(pairs)} pairs exceed {max_length} tokens; scoring "
                  f"{len(window_texts)} windows of {len(splits)} document splits against {len(asked)} subquestions")
     vectors = _embed_texts(selection.encoder, window_texts + asked, max_length, batch_size=batch_size,
-                           device=device, autocast_dtype=autocast_dtype, progress=progress)
+                           device=device, autocast_dtype=autocast_dtype, progress=progress, runtime=runtime)
     window_row = {text: i for i, text in enumerate(window_texts)}
     question_row = {q: len(window_texts) + i for i, q in enumerate(asked)}
     for i, key in long_pairs.items():
@@ -177,10 +179,11 @@ def select_windows(pairs: Sequence[tuple[str, str]], tokenizer, max_length: int,
 
 
 def _embed_texts(encoder: str, texts: list[str], max_length: int, *, batch_size: int, device: torch.device,
-                 autocast_dtype: torch.dtype | None, progress: Callable[[str], None] | None) -> np.ndarray:
+                 autocast_dtype: torch.dtype | None, progress: Callable[[str], None] | None,
+                 runtime: str) -> np.ndarray:
     """Unit vectors of `texts` under the window-scoring bi-encoder."""
     from covlab.models.biencoder import load_first_stage
     from covlab.models.encoders import default_base_model
 
     return load_first_stage(encoder or default_base_model(), batch_size=batch_size, max_length=max_length,
-                            device=device, autocast_dtype=autocast_dtype, progress=progress)(texts)
+                            device=device, autocast_dtype=autocast_dtype, progress=progress, runtime=runtime)(texts)

@@ -243,6 +243,77 @@ def select_assets(select, assets=None) -> tuple[set, list[str]]:
     return keys, notes
 
 
+def _upstreams(assets) -> dict:
+    """Asset key -> {each upstream key it reads: whether it declares that input optional (resources/io_manager.py
+    OPTIONAL_INPUT)}, over `assets` (checks, which build no key, add nothing)."""
+    from covlab.resources.io_manager import OPTIONAL_INPUT
+
+    graph = {}
+    for definition in assets:
+        if not definition.keys:
+            continue
+        by_input = definition.keys_by_input_name
+        optional = {by_input[d.name] for d in definition.node_def.input_defs
+                    if d.name in by_input and (d.metadata or {}).get(OPTIONAL_INPUT)}
+        for key in definition.keys:
+            graph[key] = {upstream: upstream in optional for upstream in definition.asset_deps[key]}
+    return graph
+
+
+def untrained_assets(keys, assets) -> tuple[set, list[str]]:
+    """What a run without training (resources/profile.py) builds of the selected `keys`, and the lines saying
+    what it left out. Left out: every asset that trains a selector (models/registry.py TRAINED_SELECTORS) and
+    every asset that reads one of those through an input it requires, however far down (a report's input of a
+    method that trains is optional: the report runs and names the method); then what only fed what was left
+    out (the subquestions and judgments the estimator trains on). Kept: the selection's reports (models/registry.py
+    Report) and its last assets (those no other selected asset reads) that need no training, with what they
+    read. UsageError when nothing of the selection is kept, naming what the last assets need."""
+    from dagster import AssetKey
+
+    from covlab.models.registry import TRAINED_SELECTORS, Report
+
+    graph = _upstreams(assets)
+    because = {AssetKey(t.asset): None for t in TRAINED_SELECTORS}  # left out -> the required input that left it
+    while True:
+        reads = {key: up for key, upstreams in graph.items() if key not in because
+                 for up, optional in upstreams.items() if up in because and not optional}
+        if not reads:
+            break
+        because |= reads
+    trains = set(because)
+    last = {key for key in keys if not any(key in graph.get(other, {}) for other in keys)}
+    wanted = (last | {AssetKey(report.value) for report in Report}) & keys
+    kept, stack = set(), sorted(wanted - trains, key=lambda k: k.to_user_string())
+    while stack:
+        key = stack.pop()
+        if key not in kept:
+            kept.add(key)
+            stack += [up for up in graph.get(key, {}) if up in keys and up not in trains]
+    for definition in assets:  # a multi-asset that builds its keys in one step keeps all of them
+        if not definition.can_subset and kept & definition.keys:
+            kept |= definition.keys & keys
+
+    def names(found) -> str:
+        return ", ".join(sorted(k.to_user_string() for k in found))
+
+    def chain(key) -> str:
+        steps = [key]
+        while because[steps[-1]] is not None:
+            steps.append(because[steps[-1]])
+        return " <- ".join(k.to_user_string() for k in steps) + " (trains)"
+
+    if not kept:
+        raise UsageError("the untrained profile leaves nothing of the selection to build: "
+                         + "; ".join(chain(key) for key in sorted(last, key=lambda k: k.to_user_string()))
+                         + "; expected a selection such as +comparison_report")
+    notes = []
+    if keys & trains:
+        notes.append(f"the untrained profile leaves out what trains or reads a trained model: {names(keys & trains)}")
+    if keys - trains - kept:
+        notes.append(f"the untrained profile leaves out what only fed those: {names(keys - trains - kept)}")
+    return kept, notes
+
+
 def materialize(dataset: str, select: list | None, config: dict | None, instance=None,
                 raise_on_error: bool = True, run_id: str | None = None):
     """Run the selected assets (default: all) of one dataset partition in this process (as run `run_id`, when
@@ -251,7 +322,8 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     `materialize`, with covlab's console logger (orchestration/console.py: a line per finished step) in place of
     Dagster's; resource settings in `config` are laid over the configured ones (with_resource_settings).
     `select`: Dagster asset selection strings or AssetKeys (select_assets); every selected asset is built, an
-    upstream already materialized for `dataset` too."""
+    upstream already materialized for `dataset` too. A config that sets the untrained profile (configs/untrained.yaml)
+    builds what `untrained_assets` keeps of the selection."""
     from dagster import Definitions, define_asset_job
 
     from covlab.assets.partitions import DATASETS
@@ -259,6 +331,7 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     from covlab.orchestration.concurrency import log_to_console, pool_slots_guard
     from covlab.orchestration.console import covlab_console
     from covlab.orchestration.definitions import ASSETS, OBSERVED_ASSETS, default_resources, with_resource_settings
+    from covlab.resources.profile import untrained_in
 
     check_dataset_name(dataset)
     selection = None
@@ -276,6 +349,11 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     refuse_config_of_configless_ops(config or {}, ASSETS, resources)
     run_config = with_resource_settings(resources, {"loggers": {"console": {"config": {"log_level": "INFO"}}},
                                                     **(config or {})})
+    if untrained_in(run_config):
+        keys, notes = untrained_assets(set(selection) if selection else {k for a in ASSETS for k in a.keys}, ASSETS)
+        for note in notes:
+            print(f"covlab: {note}")
+        selection = sorted(keys, key=lambda key: key.to_user_string())
     log_to_console()
     job = Definitions(assets=[*ASSETS, *OBSERVED_ASSETS], resources=resources, loggers={"console": covlab_console},
                       jobs=[define_asset_job(IN_PROCESS_JOB, selection=selection)]).resolve_job_def(IN_PROCESS_JOB)
@@ -476,7 +554,8 @@ def leaderboard_command(args) -> int:
         return 0
     for name, (stored, table) in boards.items():
         print(f"{name} [{args.dataset}] (results store id {stored.materialization_id}, run {stored.record.run_id}):")
-        print("\n".join(f"  {line}" for line in answers(table, stored.record.config.get("trained_on"))))
+        print("\n".join(f"  {line}" for line in answers(table, stored.record.config.get("trained_on"),
+                                                         stored.record.config.get("left_out"))))
         print(table.to_markdown(index=False, floatfmt=".3f"))
         print()
     return 0
@@ -744,7 +823,8 @@ def serve_command(args) -> int:
         raise UsageError(f"--shutdown-seconds {args.shutdown_seconds}: expected a finite number >= 0")
     try:
         serve(ServeSettings(tuple(args.method or ()), args.dataset, args.alias, args.tracking_uri, args.host,
-                            args.port, args.poll_seconds, args.device, limits, args.shutdown_seconds, token))
+                            args.port, args.poll_seconds, args.device, limits, args.shutdown_seconds, token,
+                            args.runtime))
     except ServingError as exc:
         raise UsageError(str(exc)) from None
     return 0
@@ -753,6 +833,7 @@ def serve_command(args) -> int:
 def _serve_parser(commands) -> None:
     from dataclasses import fields
 
+    from covlab.models.runtime import DEFAULT_RUNTIME, RUNTIMES
     from covlab.serving.http import (DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, DEFAULT_SHUTDOWN_SECONDS,
                                      TOKEN_VARIABLE, Limits)
 
@@ -782,6 +863,10 @@ def _serve_parser(commands) -> None:
     serve.add_argument("--poll-seconds", type=float, default=DEFAULT_POLL_SECONDS,
                        help=f"how often to check the aliases (default {DEFAULT_POLL_SECONDS:g}; 0: never)")
     serve.add_argument("--device", default="cpu", help="torch device of the encoders (default cpu)")
+    serve.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
+                       help=f"what encodes the texts a request sends without embeddings, on the CPU (models/runtime.py: "
+                            f"onnx and onnx-int8 run an export of the encoder kept beside its weights; default "
+                            f"{DEFAULT_RUNTIME})")
     serve.add_argument("--shutdown-seconds", type=float, default=DEFAULT_SHUTDOWN_SECONDS,
                        help=f"on SIGTERM or Ctrl-C, how long the requests in flight may take to finish before they "
                             f"are cancelled and the process exits (default {DEFAULT_SHUTDOWN_SECONDS:g})")

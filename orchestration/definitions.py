@@ -18,7 +18,7 @@ from covlab.assets.budgeted import (BUDGETED_SELECTION_ASSETS, comparison_report
 from covlab.assets.checks import ESTIMATOR_CHECKS
 from covlab.assets.coverage import (coverage_biencoder, coverage_estimator, coverage_judgments,
                                     estimated_coverage_matrix, estimated_gold_coverage_matrix, pool_scores,
-                                    subquestions)
+                                    relevance_scores, subquestions)
 from covlab.assets.ingest import dataset_tables
 from covlab.assets.mcompass import MCOMPASS_ASSETS, MCOMPASS_CHECKS
 from covlab.assets.partitions import DATASETS
@@ -37,6 +37,7 @@ from covlab.resources.home import covlab_home, dataset_registry, mlflow_tracking
 from covlab.resources.io_manager import LocalTableIOManager
 from covlab.resources.llm import LLMResource
 from covlab.resources.lucene import LuceneResource
+from covlab.resources.profile import PROFILE_RESOURCE, RunProfile
 from covlab.resources.results_store import ResultsStore
 from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
@@ -64,7 +65,7 @@ def with_code_references(assets: list) -> list:
 # The evaluation assets (the reports and what they read) carry the nightly's automation condition.
 ASSETS = with_code_references(with_nightly_condition([
     dataset_tables, bm25_index, bm25_pools, subquestions, coverage_judgments, coverage_estimator,
-    coverage_biencoder, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
+    coverage_biencoder, relevance_scores, pool_scores, estimated_coverage_matrix, estimated_gold_coverage_matrix,
     *SELECTION_ASSETS, coverage_report, model_promotions, item_embeddings, token_counts, lmvu_ranker,
     *BUDGETED_SELECTION_ASSETS, comparison_report, *MCOMPASS_ASSETS, answers, answer_report,
     transfer_report,
@@ -119,6 +120,7 @@ def default_resources(home: Path | None = None) -> dict:
         "results": ResultsStore(url=env("COVLAB_RESULTS_URL") or f"sqlite:///{home}/results/results.db"),
         "evaluation": EvaluationResource(),
         "estimator_scoring": EstimatorScoring(),
+        PROFILE_RESOURCE: RunProfile(),
     }
 
 

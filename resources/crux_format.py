@@ -12,15 +12,13 @@ import pandas as pd
 from covlab.models.dataset import Origin
 from covlab.models.schemas import DatasetError
 from covlab.resources.files import excerpt
-from covlab.resources.release_files import (Passage, ReadTables, Rows, ident, keep_named, known_query,
-                                            number, read_records, read_rows, shards, source_unit, splits_of,
-                                            wanted_passages)
+from covlab.resources.release_files import (Passage, ReadTables, Rows, keep_named, known_query, read_diversity_qrels,
+                                            read_records, shards, source_unit, splits_of, wanted_passages)
 
 REQUEST_RECORD = "a CRUX request {id, request}"
 SUBQUESTIONS_RECORD = "CRUX subquestions {id, subquestions: [text, ...]}"
 RATING_RECORD = "a CRUX judge rating {id, docid, rating: [0-5 or -1 per subquestion]}"
 PASSAGE_RECORD = "a CRUX passage {id or _id, title, contents or text}"
-DIVERSITY_QRELS_FIELDS = ("qid", "subtopic_index", "docid", "relevance")
 # The judge's scale: 0 (the passage does not answer the subquestion) to 5 (answers it fully); -1: its answer did
 # not parse, which links nothing.
 RATINGS = range(-1, 6)
@@ -125,18 +123,17 @@ def _diversity_qrels(path: Path,
     """(qid, docid) -> highest relevance over the subtopics, and docid -> where first named."""
     relevance: dict[tuple[str, str], int] = {}
     named: dict[str, str] = {}
-    for where, (qid, subtopic, docid, grade) in read_rows(path, DIVERSITY_QRELS_FIELDS):
-        qid, docid = ident(qid, where, "qid"), ident(docid, where, "docid")
-        if qid not in count:
-            raise DatasetError(f"{where}: qid {excerpt(qid)} has no subquestions in subtopics/*.jsonl; expected the "
-                               "diversity qrels of a request's subquestions")
-        index = number(subtopic, int, where, "subtopic_index")
-        if not 0 <= index <= count[qid][0]:
-            raise DatasetError(f"{where}: field 'subtopic_index' is {index}; expected 0 to {count[qid][0]}, an index "
-                               f"of a subquestion of {excerpt(qid)} ({count[qid][1]})")
-        value = number(grade, int, where, "relevance")
-        relevance[qid, docid] = max(value, relevance.get((qid, docid), value))
-        named.setdefault(docid, where)
+    for line in read_diversity_qrels(path, "subtopic_index"):
+        if line.qid not in count:
+            raise DatasetError(f"{line.where}: qid {excerpt(line.qid)} has no subquestions in subtopics/*.jsonl; "
+                               "expected the diversity qrels of a request's subquestions")
+        if not 0 <= line.subtopic < count[line.qid][0]:
+            raise DatasetError(f"{line.where}: field 'subtopic_index' is {line.subtopic}; expected 0 to "
+                               f"{count[line.qid][0] - 1}, an index of a subquestion of {excerpt(line.qid)} "
+                               f"({count[line.qid][1]})")
+        pair = (line.qid, line.docid)
+        relevance[pair] = max(line.relevance, relevance.get(pair, line.relevance))
+        named.setdefault(line.docid, line.where)
     return relevance, named
 
 

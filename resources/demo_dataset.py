@@ -1,6 +1,6 @@
 """The embedded `demo` dataset: a small fictional travel guide, generated deterministically from a seed.
 
-Fourteen queries ask what a visitor should know about an invented place or event. Each has 5-10
+Twenty-two queries (8 train, 3 dev, 11 test) ask what a visitor should know about an invented place or event. Each has 5-10
 nuggets (facts of one aspect: lodging, transport, food, ...), written with invented words so that no
 real text is copied and nothing outside the generator decides what a document covers. Per query:
 covering documents (1-3 nuggets each, drawn with a skew so a few nuggets are popular), near-duplicates
@@ -22,7 +22,10 @@ SUBJECTS = [  # (name, kind)
     ("Ombrin", "harbour market"), ("Vellanor", "mountain railway"), ("Kastrel", "old town"),
     ("Brightwater Fen", "bird reserve"), ("Isolde Reach", "ferry route"), ("Marrow Hill", "wine fair"),
     ("Corvath", "lantern parade"), ("Sundry Isle", "diving coast"), ("Pellam", "university quarter"),
-    ("Ashgrove", "winter carnival"), ("Lirren Gorge", "hiking trail"),
+    ("Ashgrove", "winter carnival"), ("Lirren Gorge", "hiking trail"), ("Dunmere", "salt marsh"),
+    ("Orlen Bay", "whale watch"), ("Cairnwick", "stone circle"), ("Threlvy", "spice bazaar"),
+    ("Hollin Vale", "cider orchard"), ("Mistral Pass", "alpine road"), ("Essenford", "river regatta"),
+    ("Gildersea", "book fair"),
 ]
 
 # aspect -> (nugget text, document sentence variants); {s} subject, {a} and {b} invented words.
@@ -65,7 +68,10 @@ DISTRACTOR = ["What should a visitor know about the {s} {k}? Every visitor to th
               "A visitor guide to the {s} {k}: know the {s} {k} before you visit the {k}."]
 SYLLABLES = ["ka", "lo", "mir", "tez", "vu", "shan", "pel", "dro", "quin", "ryo", "bal", "fen", "gor",
              "isk", "nav", "ost", "ulm", "wex", "zar", "hib"]
-SPLITS = ["train"] * 8 + ["dev"] * 3 + ["test"] * 3
+# Eleven test queries: the leaderboard's verdicts need at least ten (models/leaderboard.py MIN_QUERIES). The
+# first fourteen queries come first and draw the generator's numbers as they always did, so the training and
+# tune splits (and every model trained on them) do not depend on how many test queries follow.
+SPLITS = ["train"] * 8 + ["dev"] * 3 + ["test"] * 11
 
 
 def invented_word(rng: random.Random, used: set[str], syllables: list[str] = SYLLABLES) -> str:

@@ -14,6 +14,9 @@ these records, never from Dagster's input-event pointer, which names the latest 
 upstream key in any partition. The records ride on the materialization rather than being asset observations
 of the inputs: one observation per load would bury each upstream asset's materializations in the UI.
 
+An input with nothing stored for its partition fails the loading step ("materialize it first"), except an input
+its asset declares optional (OPTIONAL_INPUT), which loads as None for the asset to judge.
+
 The root is a local or shared (mounted) folder, or an fsspec URL of object storage (`s3://bucket/covlab`,
 `gs://...`; the filesystem's package must be installed): every worker of a distributed deployment then
 reads and writes the same store. On object storage a value is one object put (readers see the whole old
@@ -45,6 +48,10 @@ CONTENT_HASH = "content_sha256"
 # version of the materialization that wrote it and with a rebuilt value's (`covlab reproduce`).
 LOADED_VERSION = "data_version"
 SIDECAR_SUFFIX = ".written.json"
+# Metadata key of an asset input (AssetIn metadata) that is optional: when nothing is stored for the upstream's
+# partition it loads as None and the reading asset decides (a report leaves the method out under the untrained
+# profile, resources/profile.py, and fails otherwise). Its value says why the input may be absent.
+OPTIONAL_INPUT = "covlab/optional_input"
 SUFFIXES = (".parquet", ".json")  # how tables and records are stored, in lookup order
 
 
@@ -245,6 +252,10 @@ class LocalTableIOManager(ConfigurableIOManager):
     def load_input(self, context: InputContext) -> Any:
         folder, partition = self._folder(context)
         path = stored_file(folder, partition)
+        if path is None and (context.definition_metadata or {}).get(OPTIONAL_INPUT):
+            context.log.info(f"{context.asset_key.to_user_string()} partition {partition!r}: nothing stored; an "
+                             f"optional input ({context.definition_metadata[OPTIONAL_INPUT]}), read as None")
+            return None
         if path is None:
             raise FileNotFoundError(f"{context.asset_key.to_user_string()} partition {partition!r}: nothing "
                                     f"stored at {folder / partition}.parquet or .json; materialize it first")

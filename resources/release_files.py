@@ -1,6 +1,6 @@
 """The files of published benchmark releases, read for resources/trec_formats.py and crux_format.py: JSON lines whose
-records nest lists of objects, plain or gzip-compressed; TREC's whitespace-separated qrels and run files; and a
-corpus streamed one passage at a time, of which only the passages the other files name are kept.
+records nest lists of objects, plain or gzip-compressed; TREC's whitespace-separated qrels, diversity qrels and run
+files; and a corpus streamed one passage at a time, of which only the passages the other files name are kept.
 
 A release's corpus is larger than memory (TREC RAG 2024's holds 113,520,750 segments), so a reader first reads the
 files that name passages (qrels, pools, links), then streams the corpus once keeping those (`keep_named`): what it
@@ -132,6 +132,27 @@ def read_rows(path: Path, names: tuple[str, ...]) -> Iterator[tuple[str, list[st
             raise DatasetError(f"{path}:{number}: {len(parts)} field(s); expected {len(names)} "
                                f"whitespace-separated fields ({' '.join(names)})")
         yield f"{path}:{number}", parts
+
+
+@dataclass(frozen=True)
+class SubtopicJudgment:
+    """One line of a diversity qrels file: the relevance of document `docid` to subtopic `subtopic` of query `qid`,
+    read at `where`."""
+    where: str
+    qid: str
+    subtopic: int
+    docid: str
+    relevance: int
+
+
+def read_diversity_qrels(path: Path, subtopic_field: str = "subtopic") -> Iterator[SubtopicJudgment]:
+    """The lines of a diversity qrels file, `qid subtopic docid relevance` whitespace-separated, one per judged
+    (subtopic, document), as the TREC Web track's diversity task (ndeval) and CRUX write them: ids checked, the
+    subtopic and the relevance integers. `subtopic_field` is the second field's name in messages (CRUX's
+    `subtopic_index`)."""
+    for where, (qid, subtopic, docid, relevance) in read_rows(path, ("qid", subtopic_field, "docid", "relevance")):
+        yield SubtopicJudgment(where, ident(qid, where, "qid"), number(subtopic, int, where, subtopic_field),
+                               ident(docid, where, "docid"), number(relevance, int, where, "relevance"))
 
 
 def ident(value: str, where: str, name: str) -> str:

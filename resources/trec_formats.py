@@ -3,8 +3,8 @@ topics, qrels and a corpus (docs/datasets.md has the folder layouts and what map
 
 A corpus is streamed and only the passages that the qrels, the pools and the nugget links name are kept
 (resources/release_files.py keep_named): the corpus table is those passages, not the collection. The queries are
-the judged topics, as BEIR's are: those with nuggets where the release has them, else those with qrels; the
-lines of other files about unjudged topics are read, checked and left out.
+the judged topics, as BEIR's are: trec-rag24's those with nuggets where the release has them, else those with
+qrels; trec's those with qrels. The lines of other files about unjudged topics are read, checked and left out.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from covlab.models.dataset import Origin
 from covlab.models.schemas import FULL_SUPPORT, NUGGET_IMPORTANCE, QRELS, DatasetError
 from covlab.resources.files import excerpt, read_lines
 from covlab.resources.release_files import (Passage, ReadTables, Record, Rows, ident, keep_named, known_query,
-                                            number, read_records, read_rows, read_topics, required, shards,
-                                            source_unit, splits_of, wanted_passages)
+                                            number, read_diversity_qrels, read_records, read_rows, read_topics,
+                                            required, shards, source_unit, splits_of, wanted_passages)
 
 SEGMENT = "an MS MARCO v2.1 segment {docid, url, title, headings, segment, start_char, end_char}"
 NUGGET_RECORD = ("a NIST nugget record {qid, query, run_id, answer_text, nuggets: [{text, importance, "
@@ -32,6 +32,8 @@ QRELS_FIELDS = ("qid", "iteration", "docid", "relevance")
 RUN_FIELDS = ("qid", "Q0", "docid", "rank", "score", "tag")
 
 TREC_CORPUS_FILES = ("corpus.jsonl", "corpus.jsonl.gz", "corpus.tsv", "corpus.tsv.gz")
+# The `trec` format's optional diversity qrels (the Web track's diversity task): its subtopics are the nuggets.
+DIVERSITY_QRELS = "diversity_qrels.txt"
 RAG24_LAYOUT = ("topics.tsv, corpus/*.json.gz and a pool, run.txt or requests.jsonl (qrels.txt, nuggets.jsonl and "
                 "assignments.jsonl optional)")
 
@@ -88,14 +90,23 @@ def read_trec(root: Path, options: dict) -> ReadTables:
     - the corpus, one of `corpus.jsonl`, `corpus.jsonl.gz` (`{docid|_id|id, text|contents|segment, title?}` per
       line), `corpus.tsv` or `corpus.tsv.gz` (`docid<TAB>text`);
     - `run.txt` (optional): a TREC run, `qid Q0 docid rank score tag`, the pools;
+    - `diversity_qrels.txt` (optional): the diversity qrels of the TREC Web track's diversity task (2009-2014,
+      ndeval's input), `qid subtopic docid relevance`, whitespace-separated, one line per judged (subtopic,
+      document): each subtopic of a query is one of its nuggets, id `<qid>/<subtopic>`, and a document judged
+      relevant to it (relevance >= 1) is linked to it with its relevance as grade;
     - `splits.tsv` (optional): `qid<TAB>split` for every query; without it every query is a test query.
-    No nuggets: the relevance metrics work, the coverage figures need nuggets."""
+    Without diversity qrels there are no nuggets: the relevance metrics work, and the coverage reports stop at the
+    blocking nuggets check, which names `diversity_qrels.txt` beside each evaluated query. Diversity qrels name
+    subtopics by number only: a nugget's text is its topic's text and that number."""
     topics, topics_origin, position = read_topics(root / "topics.tsv")
     qrels = _qrels(required(root / "qrels.txt", "TREC qrels, qid iteration docid relevance per line"),
                    position)
     run = _run(root / "run.txt", position) if (root / "run.txt").exists() else None
+    diversity = root / DIVERSITY_QRELS
+    nuggets, links = (_subtopics(diversity, position, dict(zip(topics["query_id"], topics["text"])))
+                      if diversity.exists() else (None, None))
     judged = _judged(qrels, position)
-    wanted = wanted_passages(*(t.named(judged) for t in (qrels, run) if t is not None))
+    wanted = wanted_passages(*(t.named(judged) for t in (qrels, run, links) if t is not None))
     found = [root / name for name in TREC_CORPUS_FILES if (root / name).exists()]
     if len(found) != 1:
         raise DatasetError(f"{root}: {len(found)} corpus files; expected one of {', '.join(TREC_CORPUS_FILES)}")
@@ -109,6 +120,10 @@ def read_trec(root: Path, options: dict) -> ReadTables:
                "qrels": Origin(str(root / "qrels.txt"), None)}
     if run is not None:
         tables["candidates"], origins["candidates"] = run.frame(judged), Origin(str(root / "run.txt"), None)
+    if nuggets is not None:
+        tables["nuggets"], tables["nugget_links"] = nuggets.frame(judged), links.frame(judged)
+    # where the nuggets come from, or would: without the file the nuggets check names it beside each query it fails
+    origins["nuggets"] = origins["nugget_links"] = Origin(str(diversity), None)
     return ReadTables(tables, origins)
 
 
@@ -136,6 +151,28 @@ def _run(path: Path, topics: dict[str, int], pool: Rows | None = None) -> Rows:
         pool.add(where, known_query(ident(qid, where, "qid"), where, topics, "topics.tsv"),
                  ident(docid, where, "docid"))
     return pool
+
+
+def _subtopics(path: Path, topics: dict[str, int], texts: dict[str, str]) -> tuple[Rows, Rows]:
+    """The nuggets and nugget links of a diversity qrels file (resources/release_files.py read_diversity_qrels):
+    each (qid, subtopic) it names is a nugget `<qid>/<subtopic>`, in topic order and by subtopic number, its text
+    the topic's text and the number; each line of relevance >= 1 links its document with that grade. A (qid,
+    subtopic, docid) judged twice is refused naming both lines."""
+    judged = Rows(("query_id", "doc_id", "nugget_id", "grade"), ("query_id", "doc_id", "nugget_id"),
+                  "qid/docid/subtopic")
+    subtopics: dict[tuple[str, int], str] = {}
+    for line in read_diversity_qrels(path):
+        qid = known_query(line.qid, line.where, topics, "topics.tsv")
+        judged.add(line.where, qid, line.docid, f"{qid}/{line.subtopic}", line.relevance)
+        subtopics.setdefault((qid, line.subtopic), line.where)
+    nuggets = Rows(("query_id", "nugget_id", "text"), ("query_id", "nugget_id"), "qid/subtopic")
+    for (qid, subtopic), where in sorted(subtopics.items(), key=lambda item: (topics[item[0][0]], item[0][1])):
+        nuggets.add(where, qid, f"{qid}/{subtopic}", f"{texts[qid]} (subtopic {subtopic})")
+    links = Rows(judged.columns, ("query_id", "doc_id", "nugget_id"), "qid/docid/subtopic")
+    for key, row in judged.rows.items():
+        if row[3] >= 1:
+            links.add(judged.where[key], *row)
+    return nuggets, links
 
 
 def _pools(root: Path, topics: dict[str, int]) -> Rows:

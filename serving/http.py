@@ -68,6 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from pydantic_core import PydanticCustomError
 
 from covlab.models.registry import METHOD
+from covlab.models.runtime import DEFAULT_RUNTIME, Runtime
 from covlab.models.selectors import Budget
 from covlab.resources.model_store import ModelStore
 from covlab.resources.secrets import environment_secrets, redact, redacted_uri
@@ -749,14 +750,14 @@ def registry_version(store: ModelStore) -> Callable[[str, str], int | None]:
 
 def registry_methods(methods: Sequence[str] | None, dataset: str | None, alias: str = "champion",
                      tracking_uri: str | None = None, *, device: str = "cpu", redact_text: Callable[[str], str] = str,
-                     store: ModelStore | None = None) -> ServedMethods:
+                     store: ModelStore | None = None, runtime: Runtime = DEFAULT_RUNTIME) -> ServedMethods:
     """ServedMethods of load_selector over the registry at `tracking_uri`: `methods` (required to load), or
-    `default_methods(dataset)` (those that cannot load yet are unavailable). Selectors share the process's one
-    copy of each model (serving/shared.py)."""
+    `default_methods(dataset)` (those that cannot load yet are unavailable), their texts encoded on `runtime`.
+    Selectors share the process's one copy of each model (serving/shared.py)."""
     store = store or model_store(tracking_uri)
 
     def load(method: str) -> ContextSelector:
-        return load_selector(method, dataset, alias, tracking_uri, device=device)
+        return load_selector(method, dataset, alias, tracking_uri, device=device, runtime=runtime)
 
     return ServedMethods(methods or default_methods(dataset), load, registry_version(store), required=bool(methods),
                          redact_text=redact_text)
@@ -791,6 +792,7 @@ class ServeSettings:
     limits: Limits = field(default_factory=Limits)
     shutdown_seconds: float = DEFAULT_SHUTDOWN_SECONDS
     token: str | None = field(default=None, repr=False)  # the bearer token asked of every request (serve_token)
+    runtime: Runtime = DEFAULT_RUNTIME  # what encodes the selectors' texts on the CPU (models/runtime.py)
 
 
 def serve_token(environ=os.environ) -> str | None:
@@ -890,7 +892,7 @@ def serve(settings: ServeSettings) -> None:
     if warning is not None:
         _LOG.warning(warning)
     served = registry_methods(settings.methods, settings.dataset, settings.alias, settings.tracking_uri,
-                              device=settings.device, redact_text=redactor)
+                              device=settings.device, redact_text=redactor, runtime=settings.runtime)
     retrievers = registry_retrievers(settings.dataset, settings.alias, settings.tracking_uri, device=settings.device,
                                      redact_text=redactor)
     for loaded in served.loaded():

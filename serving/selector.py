@@ -31,6 +31,7 @@ from covlab.models.registry import (METHOD, Coverage, Method, PoolOrder, Role, S
                                     pyfunc_selector)
 from covlab.models.registry import method as registry_method
 from covlab.models.replay import RecordedDecisions
+from covlab.models.runtime import DEFAULT_RUNTIME, Runtime
 from covlab.models.selectors import NORM_TOLERANCE, Blend, Budget, Pool, RelevanceOrder, Selection, Selector
 from covlab.resources.model_store import (ADOPTED_FROM_TAG, CONTENT_HASH_TAG, PROMOTED_BY_TAG, TRAINED_ON_TAG,
                                          ModelStore, ModelVersionRef, WeightsChanged, recorded_decisions,
@@ -500,13 +501,14 @@ SERVABLE = tuple(name for name, m in METHOD.items() if servable(m))
 
 def load_selector(method: str, dataset: str | None = None, alias: str = "champion", tracking_uri: str | None = None,
                   *, settings: SelectorSettings | None = None, device: str = "cpu",
-                  cache: str | Path | None = None) -> ContextSelector:
+                  cache: str | Path | None = None, runtime: Runtime = DEFAULT_RUNTIME) -> ContextSelector:
     """A ready ContextSelector for registry method `method` (module docstring): the trained selectors it serves
     by (Method.served_models) of `dataset` loaded from the MLflow registry at `tracking_uri` (default covlab's:
     COVLAB_MLFLOW_TRACKING_URI, else the embedded store of COVLAB_HOME) by `alias`, each by its registry entry's
     loader, their files kept under `cache` (default `<COVLAB_HOME>/serving`) and verified against the hash each
     version carries, with the decisions the evaluation recorded on them. `settings` default: the settings those
-    decisions were taken under, else the registry's defaults."""
+    decisions were taken under, else the registry's defaults. The texts of a request are encoded on `runtime`
+    (models/runtime.py); the trained selectors run on torch."""
     from covlab.models.encoders import default_base_model
     from covlab.models.tokens import TokenCounter
 
@@ -523,8 +525,8 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
                            "name the dataset")
     loaded, decisions = _served_versions(entry, dataset, alias, tracking_uri, cache)
     return ContextSelector(entry, settings or decisions.settings or SelectorSettings(),
-                           shared_encoder(default_base_model(), device), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
-                           models=served_models({t: path for t, (_, path) in loaded.items()}, device),
+                           shared_encoder(default_base_model(), device, runtime=runtime),
+                           TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES), models=served_models({t: path for t, (_, path) in loaded.items()}, device),
                            decisions=decisions, provenance=[ModelProvenance.of(ref, alias) for ref, _ in loaded.values()])
 
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH
 from covlab.models.lru import BoundedLRU
+from covlab.models.runtime import DEFAULT_RUNTIME, Runtime, check_runtime
 from covlab.models.registry import Role, TrainedSelector
 
 # Bytes of text embeddings an encoder keeps (~21,000 texts of a 384-wide float64 vector), and of estimated pair
@@ -95,10 +96,12 @@ class CachedPairs:
 class Encoder:
     """A bi-encoder (models/biencoder.load_first_stage) loaded on first use, shared by threads (one lock), with
     its embeddings cached (CachedTexts); it reads the first `max_length` tokens of a text with its [CLS] and
-    [SEP], `max_tokens` of the text itself."""
+    [SEP], `max_tokens` of the text itself, and runs on `runtime` (models/runtime.py: torch, or an ONNX export
+    saved beside the model's weights)."""
 
-    def __init__(self, model: str, device: str = "cpu", max_length: int = ENCODER_MAX_LENGTH):
-        self.model, self.device, self.max_length = model, device, max_length
+    def __init__(self, model: str, device: str = "cpu", max_length: int = ENCODER_MAX_LENGTH,
+                 runtime: Runtime = DEFAULT_RUNTIME):
+        self.model, self.device, self.max_length, self.runtime = model, device, max_length, check_runtime(runtime)
         self.max_tokens = max_length - 2  # less the [CLS] and [SEP]
         self._encode: CachedTexts | None = None
         self._lock = threading.Lock()
@@ -112,7 +115,8 @@ class Encoder:
 
                 self._encode = CachedTexts(load_first_stage(self.model, batch_size=ENCODER_BATCH,
                                                             max_length=self.max_length,
-                                                            device=torch.device(self.device)))
+                                                            device=torch.device(self.device),
+                                                            runtime=self.runtime))
             return self._encode(texts)
 
 
@@ -134,9 +138,11 @@ def _shared(key: tuple, make: Callable[[], object]) -> object:
         return found
 
 
-def shared_encoder(model: str, device: str = "cpu", max_length: int = ENCODER_MAX_LENGTH) -> Encoder:
-    """The process's Encoder of `model` on `device` reading `max_length` tokens."""
-    return _shared(("encoder", model, device, max_length), lambda: Encoder(model, device, max_length))
+def shared_encoder(model: str, device: str = "cpu", max_length: int = ENCODER_MAX_LENGTH,
+                   runtime: Runtime = DEFAULT_RUNTIME) -> Encoder:
+    """The process's Encoder of `model` on `device` reading `max_length` tokens, run by `runtime`."""
+    return _shared(("encoder", model, device, max_length, runtime),
+                   lambda: Encoder(model, device, max_length, runtime))
 
 
 def served_models(folders: Mapping[TrainedSelector, Path], device: str = "cpu") -> dict[Role, object]:

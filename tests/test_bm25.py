@@ -81,6 +81,9 @@ def test_distractors_are_added_from_outside_the_given_pool():
 
 
 def test_top10_agrees_with_bm25s_on_the_demo_corpus(tmp_path, demo_dataset):
+    """Our Lucene BM25 and bm25s's Lucene variant give each demo query the same top-10 scores and the same top-10
+    documents, up to which of the documents tied at the 10th score make the cut (the demo's distractors restate
+    the question, so several share that score and each engine breaks the tie its own way)."""
     bm25s = pytest.importorskip("bm25s")
     configure_jvm()
     from pyserini.analysis import Analyzer, get_lucene_analyzer
@@ -92,12 +95,13 @@ def test_top10_agrees_with_bm25s_on_the_demo_corpus(tmp_path, demo_dataset):
     retriever = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
     retriever.index([analyzer.analyze(t) for t in demo_dataset.corpus["text"]], show_progress=False)
     doc_ids = np.array(demo_dataset.corpus["doc_id"])
-    overlaps = []
     for qid, text in zip(demo_dataset.queries["query_id"], demo_dataset.queries["text"]):
-        results, _ = retriever.retrieve([analyzer.analyze(text)], k=10, show_progress=False)
-        ours = set(pools.loc[pools["query_id"] == qid, "doc_id"])
-        overlaps.append(len(ours & set(doc_ids[results[0]])) / 10)
-    assert np.mean(overlaps) >= 0.9, overlaps
+        results, scores = retriever.retrieve([analyzer.analyze(text)], k=10, show_progress=False)
+        ours = pools[pools["query_id"] == qid].sort_values("rank")
+        np.testing.assert_allclose(ours["score"].to_numpy(), scores[0], atol=1e-3, err_msg=qid)
+        cutoff = scores[0][-1] + 1e-3
+        above = lambda ids, values: {d for d, v in zip(ids, values) if v > cutoff}  # noqa: E731
+        assert above(ours["doc_id"], ours["score"]) == above(doc_ids[results[0]], scores[0]), qid
 
 
 def test_jvm_heap_is_capped_by_config(tmp_path, demo_dataset):

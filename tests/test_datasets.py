@@ -17,10 +17,10 @@ def test_demo_is_deterministic_and_shaped_as_promised(demo_dataset):
     again = build_demo_dataset()
     for name in TABLES:
         pd.testing.assert_frame_equal(demo_dataset.table(name), again.table(name))
-    assert 10 <= len(demo_dataset.queries) <= 15
+    assert demo_dataset.queries["split"].value_counts().to_dict() == {"train": 8, "dev": 3, "test": 11}
     per_query = demo_dataset.nuggets.groupby("query_id").size()
     assert per_query.between(5, 10).all()
-    assert 200 <= len(demo_dataset.corpus) <= 500
+    assert 400 <= len(demo_dataset.corpus) <= 700
     covered = demo_dataset.nugget_links.groupby("doc_id").size()
     assert covered.max() <= 3
     assert len(set(demo_dataset.corpus["doc_id"]) - set(covered.index)) > 40  # distractors and noise
@@ -91,7 +91,7 @@ MALFORMED = [
     ("qrels.tsv", lambda t: t.replace("demo-d0000", "no-such-doc", 1), "qrels.tsv:1: doc_id 'no-such-doc' is not in corpus"),
     ("nugget_links.tsv", lambda t: t.replace("demo-q00-n0", "demo-q00-n99", 1),
      "nugget_links.tsv:1: query_id/nugget_id ('demo-q00', 'demo-q00-n99') is not in nuggets"),
-    ("corpus.jsonl", lambda t: t + t.splitlines()[0] + "\n", "corpus.jsonl:349: duplicate doc_id"),
+    ("corpus.jsonl", lambda t: t + t.splitlines()[0] + "\n", "corpus.jsonl:523: duplicate doc_id"),
     ("corpus.jsonl", lambda t: t.replace(t.split('"text": "')[1].split('"')[0], "  ", 1), "corpus.jsonl:1: empty text"),
     ("nuggets.jsonl", lambda t: "", "nuggets.jsonl: file is empty"),
     ("queries.jsonl", lambda t: b"\xff\xfe broken" + t.encode(), "queries.jsonl:1: not valid UTF-8"),

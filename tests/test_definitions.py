@@ -31,6 +31,7 @@ EXPECTED_ASSETS = {
     "coverage_judgments": ("coverage", TABLE, None, True),
     "coverage_estimator": ("coverage", {"pytorch", "mlflow"}, GPU, False),
     "coverage_biencoder": ("coverage", {"pytorch", "mlflow"}, GPU, False),
+    "relevance_scores": ("coverage", {"pytorch", "parquet"}, GPU, True),
     "pool_scores": ("coverage", {"pytorch", "parquet"}, GPU, True),
     "estimated_coverage_matrix": ("coverage", {"pytorch", "parquet"}, GPU, True),
     "estimated_gold_coverage_matrix": ("coverage", {"pytorch", "parquet"}, GPU, True),
@@ -152,7 +153,7 @@ def test_a_column_schema_is_its_tables_declaration():
     assert [(c.name, c.type) for c in links.columns] == list(NUGGET_LINKS.columns.items())
     assert links.constraints.other == ["unique key (query_id, doc_id, nugget_id)"]
     assert not any(c.constraints.nullable for c in links.columns)  # string and int64: conform rejects missing
-    scores = _node("pool_scores").metadata["dagster/column_schema"]
+    scores = _node("relevance_scores").metadata["dagster/column_schema"]
     assert {c.name: c.constraints.nullable for c in scores.columns}["relevance"]  # float64 may be NaN
 
 
@@ -205,18 +206,24 @@ def test_the_gpu_pool_is_limited_in_the_generated_dagster_yaml(covlab_home):
 
 
 def test_shipped_run_configs_are_valid_for_the_asset_job():
-    """The documented ArgKP configs name real assets and fields, with values of the right types."""
+    """The documented configs name real assets and fields, with values of the right types; the untrained
+    profile (a first verdict without training) sets the profile resource alone."""
     job = defs.resolve_implicit_global_asset_job_def()
     configs = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
     assert [p.name for p in configs] == ["argkp_bm25.yaml", "argkp_budgeted.yaml", "argkp_given.yaml",
                                       "argkp_matcher.yaml", "argkp_mcompass.yaml", "longdoc.yaml",
-                                      "perspectrum_budgeted.yaml", "perspectrum_mcompass.yaml"]
+                                      "perspectrum_budgeted.yaml", "perspectrum_mcompass.yaml", "untrained.yaml"]
     assets = {key.to_python_identifier() for assets_def in ASSETS for key in assets_def.keys}
     for path in configs:
         config = yaml.safe_load(path.read_text())
-        assert set(config["ops"]) <= assets, path.name  # Dagster ignores config of an unknown op
         assert set(config.get("resources", {})) <= set(defs.resources), path.name
-        assert validate_run_config(job, config)["ops"]["coverage_estimator"]["config"]["epochs"] >= 1
+        validated = validate_run_config(job, config)
+        if path.name == "untrained.yaml":
+            assert config == {"resources": {"profile": {"config": {"untrained": True}}}}
+            assert validated["resources"]["profile"]["config"] == {"untrained": True}
+            continue
+        assert set(config["ops"]) <= assets, path.name  # Dagster ignores config of an unknown op
+        assert validated["ops"]["coverage_estimator"]["config"]["epochs"] >= 1
     with pytest.raises(DagsterInvalidConfigError, match="epochs"):
         validate_run_config(job, {"ops": {"coverage_estimator": {"config": {"epochs": "three"}}}})
 

@@ -127,7 +127,7 @@ def test_a_perfect_estimator_is_followed_and_beats_the_fallback_on_dev(longdoc, 
 def asset_inputs(longdoc, pools):
     """What the selection assets read: the BM25 pools, pool scores whose coverage_trained column keeps the
     BM25 order, the queries and nugget links."""
-    return {"bm25_pools": pools, "pool_scores": pools.assign(relevance=pools["score"], coverage_trained=pools["score"]),
+    return {"bm25_pools": pools, "scores": pools.assign(coverage_trained=pools["score"]),
             "queries": longdoc.queries}
 
 

@@ -129,10 +129,12 @@ def test_the_coverage_report_scores_vital_nuggets_only_where_nuggets_are_graded(
 
 
 def test_nuggets_without_importance_are_the_declared_columns_as_before(demo_dataset, tmp_path):
-    """The optional column is never added: the demo's nuggets (content version as before the column existed),
-    a covlab-format folder's and the formats that do not grade nuggets have the three declared columns."""
+    """The optional column is never added: the demo's nuggets (those of its first 14 queries, which the generator
+    draws first, have the content version they had before the column existed), a covlab-format folder's and the
+    formats that do not grade nuggets have the three declared columns."""
     assert list(demo_dataset.nuggets.columns) == list(NUGGETS.columns)
-    assert content_version(demo_dataset.nuggets) == "094e68f6ec87061aa50f4be9"
+    first = demo_dataset.nuggets[demo_dataset.nuggets["query_id"] < "demo-q14"].reset_index(drop=True)
+    assert content_version(first) == "094e68f6ec87061aa50f4be9"
     assert vital_nuggets(demo_dataset.nuggets) is None
     from conftest import write_covlab_layout
 
@@ -246,12 +248,38 @@ def test_crux_split_file_sets_the_splits(tmp_path):
 
 def test_trec_fixture_reads_as_counted_by_hand():
     ds = read_dataset("t", "trec", str(TREC))
-    assert counts(ds) == {"corpus": 42, "queries": 3, "nuggets": 0, "nugget_links": 0, "qrels": 30,
+    assert counts(ds) == {"corpus": 42, "queries": 3, "nuggets": 11, "nugget_links": 22, "qrels": 30,
                           "candidates": 36}
     assert "1121709" not in set(ds.queries["query_id"])  # no qrels: not judged
     assert (ds.corpus["source_unit"] == ds.corpus["doc_id"]).all()
     assert ds.corpus.set_index("doc_id").loc["9902114", "title"] == "Tidal power"  # named by the qrels only
+    assert all(not table_problems(ds, name) for name in TABLES)
+
+
+def test_trec_diversity_qrels_subtopics_are_the_nuggets():
+    ds = read_dataset("t", "trec", str(TREC))
+    tides = ds.nuggets[ds.nuggets["query_id"] == "1037798"]
+    assert dict(zip(tides["nugget_id"], tides["text"])) == {
+        f"1037798/{n}": f"how do tides form (subtopic {n})" for n in (1, 2, 3, 4)}
+    assert NUGGETS.columns.keys() == set(ds.nuggets.columns)  # not graded: no importance column
+    # a document relevant to two subtopics is linked to both; relevance 0 (judged, not relevant) links nothing
+    links = ds.nugget_links.set_index(["doc_id", "nugget_id"])["grade"]
+    assert links.loc["6620041"].to_dict() == {"1106007/1": 1, "1106007/2": 1}
+    assert "7067032" not in set(ds.nugget_links.loc[ds.nugget_links["nugget_id"] == "1037798/2", "doc_id"])
+    assert "5512871" not in set(ds.nugget_links["doc_id"])
+    assert "1121709" not in set(ds.nuggets["query_id"])  # an unjudged topic's lines: read, checked, left out
+    assert ds.origin("nuggets").path == ds.origin("nugget_links").path == str(TREC / "diversity_qrels.txt")
+
+
+def test_trec_without_diversity_qrels_has_no_nuggets_and_fails_only_the_coverage_check(tmp_path):
+    folder = copy(TREC, tmp_path)
+    (folder / "diversity_qrels.txt").unlink()
+    ds = read_dataset("t", "trec", str(folder))
+    assert counts(ds) == {"corpus": 42, "queries": 3, "nuggets": 0, "nugget_links": 0, "qrels": 30,
+                          "candidates": 36}
     assert all(not table_problems(ds, name, coverage=False) for name in TABLES)
+    assert table_problems(ds, "nuggets") == [f"{folder / 'diversity_qrels.txt'}: evaluated query '{q}' has no nugget"
+                                             for q in ("1037798", "1063750", "1106007")]
 
 
 def test_trec_corpus_as_tsv_or_with_other_field_names_reads_the_same(tmp_path):
@@ -338,7 +366,7 @@ ADDS = [
     (["rag", "--format", "trec-rag24", "--path", str(RAG24)], None, "3 queries, 36 documents, 12 nuggets"),
     (["crux", "--format", "crux", "--path", str(CRUX), "--rating-threshold", "3"], {"rating_threshold": 3},
      "3 queries, 36 documents, 12 nuggets"),
-    (["trec", "--format", "trec", "--path", str(TREC)], None, "3 queries, 42 documents, 0 nuggets"),
+    (["trec", "--format", "trec", "--path", str(TREC)], None, "3 queries, 42 documents, 11 nuggets"),
     (["mine", "--format", "table", "--path", str(TABLE / "rows.csv"), "--columns", COLUMNS], {"columns": MAPPING},
      "4 queries, 34 documents, 11 nuggets"),
 ]
@@ -475,6 +503,18 @@ MALFORMED = [
      "run.txt:1: qid '999' is not a topic of topics.tsv"),
     ("trec", TREC, "corpus.jsonl", lambda t: t.replace('"docid": "1200501"', '"docid": ""', 1),
      "field 'docid' is empty; expected an id"),
+    ("trec", TREC, "diversity_qrels.txt", lambda t: t.replace("1037798 1 7067032 1", "1037798 a 7067032 1", 1),
+     "diversity_qrels.txt:1: field 'subtopic' must be an integer, got 'a'"),
+    ("trec", TREC, "diversity_qrels.txt", lambda t: t.replace("1037798 1 7067033 1", "1037798 1 7067033", 1),
+     "diversity_qrels.txt:2: 3 field(s); expected 4 whitespace-separated fields (qid subtopic docid relevance)"),
+    ("trec", TREC, "diversity_qrels.txt", lambda t: t.replace("1037798 1 8830013 0", "1037798 1 8830013 yes", 1),
+     "diversity_qrels.txt:4: field 'relevance' must be an integer, got 'yes'"),
+    ("trec", TREC, "diversity_qrels.txt", lambda t: t.replace("1063750 1 3310001", "1063751 1 3310001", 1),
+     "diversity_qrels.txt:12: qid '1063751' is not a topic of topics.tsv"),
+    ("trec", TREC, "diversity_qrels.txt", lambda t: t + "1037798 3 5512870 0\n",
+     "diversity_qrels.txt:33: qid/docid/subtopic ('1037798', '5512870', '1037798/3') again (first at "),
+    ("trec", TREC, "diversity_qrels.txt", lambda t: t.replace("1106007 3 1200503 1", "1106007 3 1200599 1", 1),
+     "diversity_qrels.txt:29: passage '1200599' is not in the corpus"),
     ("table", TABLE, "rows.csv", lambda t: t.replace("cut my home's heating bill", "heat my home", 1),
      "rows.csv:3: field 'question' (text) is \"How can I cut my home's heating bill in \"... (47 characters), but "
      "'How can I heat my home in winter?' at "),

@@ -197,7 +197,7 @@ def test_mcompass_bank_student_and_retrieval_report(built):
     assert depth.drop(index="bm25").eq(100).all() and depth["bm25"].le(100).all()  # BM25: only matching chunks
     figures = default_resources(home)["results"].figures(dataset="demo", method="mcompass", metric="IE")
     per_query = figures[figures["query_id"].notna()]
-    assert len(per_query) == 3 and per_query["value"].between(0, 1).all()  # the 3 demo test queries
+    assert len(per_query) == 11 and per_query["value"].between(0, 1).all()  # the 11 demo test queries
     report = _stored(home, "retrieval_report").pivot_table(index=["method", "query_id"], columns="metric",
                                                            values="value")
     np.testing.assert_allclose(report["IE"], report[["IE@1", "IE@3", "IE@5"]].mean(axis=1))
@@ -625,7 +625,7 @@ def test_a_test_only_dataset_gets_every_report_through_demos_models_and_demos_ow
     assert event.metadata["reference"].value == "demo" and event.metadata["source"].value == "demo@v1"
     at_k = transfer[transfer["budget"] == "k=10"]
     assert set(at_k["method"]) >= {"coverage_greedy", "relevance_coverage_trained"}
-    assert (at_k["n"] == 3).all() and (at_k["change"] == 0).all()
+    assert (at_k["n"] == 11).all() and (at_k["change"] == 0).all()
 
 
 @pytest.mark.slow

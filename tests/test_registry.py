@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from covlab.models.lmvu import FEATURE_NAMES, LMVU, LMVURanker
-from covlab.models.registry import (METHODS, TRAINED_SELECTORS, Coverage, PoolOrder, Report, SelectorSettings, method,
-                                    methods)
+from covlab.models.registry import (METHODS, TRAINED_SELECTORS, Coverage, Report, SelectorSettings, method,
+                                    methods, untrained_left_out)
 from covlab.models.report import table1
 from covlab.models.selectors import MMR, Budget, CoverageGreedy, ExactOracle, Pool, Selection, Selector
 
@@ -133,9 +133,29 @@ def test_the_coverage_report_methods_are_exactly_the_selection_assets():
         "oracle_greedy": "coverage_trained", "bm25": None}
     for entry in methods(Report.COVERAGE):
         inputs = asset_inputs(by_key[f"selection_{entry.name}"])
-        assert ("pool_scores" in inputs) == (entry.order is not PoolOrder.BM25), entry.name
+        assert inputs.get("scores") == entry.order.asset, entry.name  # relevance_scores, pool_scores or none
         assert inputs.get("coverage") == entry.coverage.asset, entry.name
         assert (inputs.get("estimator") == "coverage_estimator") == entry.coverage.estimated, entry.name
+
+
+def test_the_k_methods_a_run_without_training_keeps_read_nothing_trained():
+    """untrained_left_out (the untrained profile) keeps exactly the k methods whose selection asset reads no
+    trained model, directly or through the scores that rank its pool: relevance order's scores are the untrained
+    relevance bi-encoder's (relevance_scores), the coverage-trained order's read the coverage bi-encoder."""
+    from covlab.assets.coverage import pool_scores, relevance_scores
+    from covlab.assets.selections import SELECTION_ASSETS
+
+    trained = {t.asset for t in TRAINED_SELECTORS}
+    assert not set(asset_inputs(relevance_scores).values()) & trained
+    assert "coverage_biencoder" in asset_inputs(pool_scores).values()
+    reads_trained = trained | {"pool_scores", "estimated_coverage_matrix", "estimated_gold_coverage_matrix"}
+    left_out = untrained_left_out(Report.COVERAGE)
+    for entry in methods(Report.COVERAGE):
+        reads = set(asset_inputs(next(a for a in SELECTION_ASSETS if a.key.path == [f"selection_{entry.name}"]))
+                    .values())
+        assert bool(reads & reads_trained) == (entry.name in left_out), entry.name
+    assert [m.name for m in methods(Report.COVERAGE) if m.name not in left_out] == ["relevance", "bm25"]
+    assert left_out["oracle_greedy"] == "needs the trained coverage_biencoder"  # its ties and fill
 
 
 def test_the_comparison_methods_are_exactly_the_budgeted_assets():

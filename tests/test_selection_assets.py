@@ -16,8 +16,7 @@ DOCS = ["d1", "d2", "d3", "d4"]
 BM25_POOLS = POOLS.conform(pd.DataFrame([{"query_id": q, "doc_id": d, "rank": r + 1, "score": 10.0 - r}
                                          for q in ("q1", "q2") for r, d in enumerate(DOCS)]))
 # coverage-trained order d1, d2, d3, d4 (ties and fill of the oracle)
-POOL_SCORE_TABLE = POOL_SCORES.conform(pd.DataFrame([{"query_id": q, "doc_id": d, "relevance": 0.5,
-                                                       "coverage_trained": 0.9 - 0.1 * i}
+POOL_SCORE_TABLE = POOL_SCORES.conform(pd.DataFrame([{"query_id": q, "doc_id": d, "coverage_trained": 0.9 - 0.1 * i}
                                                       for q in ("q1", "q2") for i, d in enumerate(DOCS)]))
 # q1's nuggets: d1 covers n1; d3 covers n1 and n2; d4 covers n3
 LINKS = NUGGET_LINKS.conform(pd.DataFrame({"query_id": ["q1"] * 4, "doc_id": ["d1", "d3", "d3", "d4"],
@@ -42,6 +41,6 @@ def test_bm25_selection_is_the_pool_s_first_k_of_the_evaluated_queries():
 
 
 def test_oracle_greedy_takes_the_document_covering_most_then_the_one_adding_most():
-    output = _asset("oracle_greedy")(bm25_pools=BM25_POOLS, pool_scores=POOL_SCORE_TABLE, queries=QUERY_TABLE,
+    output = _asset("oracle_greedy")(bm25_pools=BM25_POOLS, scores=POOL_SCORE_TABLE, queries=QUERY_TABLE,
                                      coverage=LINKS, evaluation=EVALUATION)
     assert _chosen(output) == ["d3", "d4"]  # d3: n1 and n2; then d4 adds n3 (d1 adds nothing)

@@ -1,9 +1,9 @@
 """Pinned: the k = 10 selections of every selection asset (assets/selections.py) on the demo dataset.
 
 Deterministic stand-ins replace what the pipeline retrieves and estimates: a BM25 pool ranked by a seeded
-score, pool scores (relevance, coverage_trained) drawn from a seed with many ties, and estimated coverage
-matrices that mix the gold links with seeded noise at four strengths (informative, moderate, weak, coin),
-read by an estimator that is trusted (dev ROC-AUC 0.9) or not (0.545). Every asset is invoked as the
+score, relevance scores and coverage-trained pool scores drawn from seeds (the latter with many ties), and
+estimated coverage matrices that mix the gold links with seeded noise at four strengths (informative, moderate,
+weak, coin), read by an estimator that is trusted (dev ROC-AUC 0.9) or not (0.545). Every asset is invoked as the
 pipeline invokes it, with the inputs its definition names; each case's run is pinned by the SHA-256 of its
 rows, its metadata but the settings (SHA-256, plus fell_back and blend_weight in the clear; the blend's
 dev evidence scores every candidate weight), and its mean alpha-nDCG@10 and StRecall@10 against the gold
@@ -112,48 +112,58 @@ EXPECTED_GRAPH = {
         {"bm25_pools": "bm25_pools", "queries": "queries"},
         "1"),
     "selection_relevance": (
-        {"bm25_pools": "bm25_pools", "pool_scores": "pool_scores", "queries": "queries"},
+        {"bm25_pools": "bm25_pools", "queries": "queries", "scores": "relevance_scores"},
         "1"),
     "selection_relevance_coverage_trained": (
-        {"bm25_pools": "bm25_pools", "pool_scores": "pool_scores", "queries": "queries"},
+        {"bm25_pools": "bm25_pools", "queries": "queries", "scores": "pool_scores"},
         "1"),
     "selection_coverage_greedy": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_coverage_matrix",
-         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
-         "queries": "queries"},
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "queries": "queries",
+         "scores": "pool_scores"},
         "3"),
     "selection_coverage_greedy_soft": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_coverage_matrix",
-         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
-         "queries": "queries"},
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "queries": "queries",
+         "scores": "pool_scores"},
         "3"),
     "selection_gold_nugget_bound": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_gold_coverage_matrix",
-         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
-         "queries": "queries"},
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "queries": "queries",
+         "scores": "pool_scores"},
         "3"),
     "selection_gold_nugget_bound_soft": (
         {"bm25_pools": "bm25_pools", "coverage": "estimated_gold_coverage_matrix",
-         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "pool_scores": "pool_scores",
-         "queries": "queries"},
+         "estimator": "coverage_estimator", "nugget_links": "nugget_links", "queries": "queries",
+         "scores": "pool_scores"},
         "3"),
     "selection_oracle_greedy": (
-        {"bm25_pools": "bm25_pools", "coverage": "nugget_links", "pool_scores": "pool_scores",
-         "queries": "queries"},
+        {"bm25_pools": "bm25_pools", "coverage": "nugget_links", "queries": "queries",
+         "scores": "pool_scores"},
         "1"),
 }
 
 
 @pytest.fixture(scope="module")
-def inputs(demo_dataset):
+def pinned_demo(demo_dataset):
+    """The demo as the pins were recorded on it: its first 14 queries (8 train, 3 dev, 3 test), which the generator
+    draws first and unchanged whatever follows them."""
+    first = [f"demo-q{i:02d}" for i in range(14)]
+    return {name: demo_dataset.table(name).pipe(lambda t: t[t["query_id"].isin(first)].reset_index(drop=True))
+            for name in ("queries", "candidates", "nuggets", "nugget_links", "qrels")}
+
+
+@pytest.fixture(scope="module")
+def inputs(pinned_demo):
     """What the selection assets read, deterministic: every demo query's candidates as its BM25 pool."""
-    candidates = demo_dataset.candidates.sort_values(["query_id", "doc_id"], ignore_index=True)
+    candidates = pinned_demo["candidates"].sort_values(["query_id", "doc_id"], ignore_index=True)
     bm25_pools = rank_within_queries(candidates.assign(score=np.random.default_rng(10).random(len(candidates))))
-    pool_scores = bm25_pools[["query_id", "doc_id"]].assign(
-        relevance=np.random.default_rng(11).random(len(bm25_pools)),
-        coverage_trained=np.random.default_rng(12).integers(0, 6, len(bm25_pools)).astype(float))
-    return {"bm25_pools": bm25_pools, "pool_scores": pool_scores, "queries": demo_dataset.queries,
-            "nugget_links": demo_dataset.nugget_links}
+    pairs = bm25_pools[["query_id", "doc_id"]]
+    return {"bm25_pools": bm25_pools, "queries": pinned_demo["queries"],
+            "relevance_scores": pairs.assign(relevance=np.random.default_rng(11).random(len(bm25_pools))),
+            "pool_scores": pairs.assign(
+                coverage_trained=np.random.default_rng(12).integers(0, 6, len(bm25_pools)).astype(float)),
+            "nugget_links": pinned_demo["nugget_links"]}
 
 
 def estimated_matrix(pools: pd.DataFrame, nuggets: pd.DataFrame, links: pd.DataFrame, signal: float, seed: int,
@@ -170,9 +180,9 @@ def estimated_matrix(pools: pd.DataFrame, nuggets: pd.DataFrame, links: pd.DataF
 
 
 @pytest.fixture(scope="module")
-def matrices(demo_dataset, inputs):
+def matrices(pinned_demo, inputs):
     """The two estimated matrices the assets read, per noise strength (seeded apart)."""
-    nuggets, links = demo_dataset.nuggets, demo_dataset.nugget_links
+    nuggets, links = pinned_demo["nuggets"], pinned_demo["nugget_links"]
     return {(asset, strength): estimated_matrix(inputs["bm25_pools"], nuggets, links, signal, seed, suffix)
             for (asset, suffix), base in ((("estimated_coverage_matrix", "-s"), 20),
                                           (("estimated_gold_coverage_matrix", ""), 40))
@@ -197,6 +207,9 @@ def run_case(assets_def, dev_auc, strength, settings, inputs, matrices):
         model = RegisteredModel("covlab.demo.coverage_estimator", 1, "models:/covlab.demo.coverage_estimator/1", "run",
                                 "source", "path", "hash")
         available["estimator"] = TrainedModel(model, {"dev_auc": dev_auc})
+    scores_key = assets_def.keys_by_input_name.get("scores")
+    if scores_key is not None:  # the scores of the method's pool order: relevance_scores or pool_scores
+        available["scores"] = inputs[scores_key.to_user_string()]
     coverage_key = assets_def.keys_by_input_name.get("coverage")
     if coverage_key is not None:
         coverage = coverage_key.to_user_string()
@@ -224,11 +237,11 @@ CASES = list(cases())
 
 
 @pytest.mark.parametrize("case, assets_def, dev_auc, strength, settings", CASES, ids=[c[0] for c in CASES])
-def test_selection_is_pinned(case, assets_def, dev_auc, strength, settings, demo_dataset, inputs, matrices):
+def test_selection_is_pinned(case, assets_def, dev_auc, strength, settings, pinned_demo, inputs, matrices):
     output = run_case(assets_def, dev_auc, strength, settings, inputs, matrices)
     assert output.value["query_id"].nunique() == 6 and output.value.groupby("query_id").size().eq(10).all()
     assert output.metadata[ROW_COUNT].value == len(output.value) == 60
-    assert pinned(output, demo_dataset.nugget_links, demo_dataset.qrels) == EXPECTED[case]
+    assert pinned(output, pinned_demo["nugget_links"], pinned_demo["qrels"]) == EXPECTED[case]
 
 
 def test_the_selection_assets_keep_their_inputs_and_code_versions():

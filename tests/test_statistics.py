@@ -98,3 +98,16 @@ def test_mean_ci_is_the_mean_with_the_percentile_bootstrap_of_its_queries():
     assert (found["ci_low"], found["ci_high"]) == (pytest.approx(low), pytest.approx(high))
     with pytest.raises(ValueError, match="1 missing"):
         mean_ci(pd.Series([0.5, np.nan]))
+
+
+def test_wilcoxon_p_is_scipys_value_with_and_without_ties():
+    """The vectorised permutation test gives exactly scipy.stats.wilcoxon's p-value: tied |differences| (scipy's
+    sign-flip enumeration, n <= 13), untied ones (its exact distribution) and larger n (its approximation)."""
+    from covlab.models.statistics import PERMUTED_UP_TO, wilcoxon_p
+
+    rng = np.random.default_rng(1)
+    for n in range(1, PERMUTED_UP_TO + 4):
+        tied = rng.choice([-0.5, -0.25, -0.1, 0.1, 0.25, 0.5], size=n)
+        untied = rng.normal(size=n)
+        for differences in (tied, untied):
+            assert wilcoxon_p(differences) == pytest.approx(stats.wilcoxon(differences).pvalue, abs=1e-12), n
