@@ -13,10 +13,12 @@ Targets: the whole partition in 20 min or less on 2 cores and a peak under 4 GiB
 run's `device` resource is forced to the GPU (everything else the same).
 
     .venv/bin/python bench/longdoc_run.py [--profile full] [--device auto|cpu|cuda] [--keep-home DIR]
-                                          [--previous JSON] [--reference]
+                                          [--previous JSON] [--reference] [--from-home DIR]
 
 Prints one table, slowest steps first, and writes bench/results/longdoc_run[_<device>].json; --reference also
-writes the committed bench/reference/longdoc_run.json (the figure the docs cite).
+writes the committed bench/reference/longdoc_run.json (the figure the docs cite). --from-home reads the table of
+a home this bench already ran (--keep-home, or the temporary home it names) instead of running again: the same
+figures from the run's event log, without the three commands' wall time and the child's own peak RSS.
 """
 
 from __future__ import annotations
@@ -86,11 +88,11 @@ def step_table(env: dict) -> tuple[list[dict], float]:
         for s in instance.get_run_step_stats(run.run_id):
             if not (s.start_time and s.end_time):
                 continue
-            seconds = s.end_time - s.start_time
+            took = s.end_time - s.start_time
             unit, count = work.get(s.step_key, (None, None))
-            rows.append({"step": s.step_key, "seconds": round(seconds, 1), "peak_rss_mib": peaks.get(s.step_key),
+            rows.append({"step": s.step_key, "seconds": round(took, 1), "peak_rss_mib": peaks.get(s.step_key),
                          "work": None if unit is None else {"unit": unit, "count": count,
-                                                            "per_second": round(count / max(seconds, 1e-9), 1)}})
+                                                            "per_second": round(count / max(took, 1e-9), 1)}})
     return sorted(rows, key=lambda r: -r["seconds"]), round(seconds, 1)
 
 
@@ -109,23 +111,27 @@ def main() -> None:
     parser.add_argument("--previous", type=Path, default=REFERENCE,
                         help="a previous run's JSON to set each step against (default the committed reference)")
     parser.add_argument("--reference", action="store_true", help=f"also write {REFERENCE.relative_to(ROOT)}")
+    parser.add_argument("--from-home", type=Path, help="read the table of a home this bench ran; run nothing")
     args = parser.parse_args()
     before = json.loads(args.previous.read_text()) if args.previous.exists() else None
     then = {row["step"]: row["seconds"] for row in before["steps"]} if before else {}
-    home = args.keep_home or Path(tempfile.mkdtemp(prefix="covlab-bench-longdoc-"))
-    if home.exists() and any(home.iterdir()):
-        raise SystemExit(f"{home} is not empty: the bench runs in a fresh home")
-    home.mkdir(parents=True, exist_ok=True)
+    home = args.from_home or args.keep_home or Path(tempfile.mkdtemp(prefix="covlab-bench-longdoc-"))
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "MAKEFLAGS", "MAKELEVEL")}
     env.update(COVLAB_HOME=str(home), DAGSTER_HOME=str(home / "dagster"), HF_HUB_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false")
-    data = home / "data" / f"longdoc-{args.profile}"
-    load_at_start = os.getloadavg()[0]
-    started = time.perf_counter()
-    covlab(["dataset", "generate", "longdoc", "--profile", args.profile, "--out", str(data)], env)
-    covlab(["dataset", "add", "longdoc", "--format", "covlab", "--path", str(data)], env)
-    covlab(["materialize", "--dataset", "longdoc", "--config", str(run_config(args.device, home))], env)
-    wall = round(time.perf_counter() - started, 1)
+    load_at_start, wall = None, None  # of a run this bench starts
+    if args.from_home is None:
+        load_at_start = os.getloadavg()[0]
+        if home.exists() and any(home.iterdir()):
+            raise SystemExit(f"{home} is not empty: the bench runs in a fresh home")
+        home.mkdir(parents=True, exist_ok=True)
+        print(f"home: {home}")
+        data = home / "data" / f"longdoc-{args.profile}"
+        started = time.perf_counter()
+        covlab(["dataset", "generate", "longdoc", "--profile", args.profile, "--out", str(data)], env)
+        covlab(["dataset", "add", "longdoc", "--format", "covlab", "--path", str(data)], env)
+        covlab(["materialize", "--dataset", "longdoc", "--config", str(run_config(args.device, home))], env)
+        wall = round(time.perf_counter() - started, 1)
     rows, run_seconds = step_table(env)
     # The heavy steps reset the process's high-water mark as they start (resources/device.py reset_peak_rss), and
     # the child's ru_maxrss is that mark at exit: the peak since the last reset. The run's peak is the larger of it
@@ -145,7 +151,7 @@ def main() -> None:
               f"{previous if previous is not None else '-':>8} {ratio:>8}")
     previous_run = f" (then {before['run_seconds']:.1f}, {run_seconds / before['run_seconds']:.2f})" if before else ""
     print(f"{'materialize run':<40} {run_seconds:>9.1f}{previous_run}")
-    print(f"{'all three commands':<40} {wall:>9.1f}   run peak RSS {peak_mib:.0f} MiB")
+    print(f"{'all three commands':<40} {wall if wall is not None else '-':>9}   run peak RSS {peak_mib:.0f} MiB")
     verdict = {"within_20_min": run_seconds <= TARGET_SECONDS, "peak_under_4_gib": peak_mib < TARGET_PEAK_MIB}
     print("targets: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in verdict.items()))
     output = args.output or ROOT / "bench" / "results" / (
