@@ -191,10 +191,10 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
                      evaluation: EvaluationResource) -> Output[pd.DataFrame]:
     """Distillation pairs of every query with evidence that the students learn from or keep their epoch on
     (models/mcompass.distilled_queries: under split the train and tune splits', under grouped_cv every query):
-    (query_id, chunk_id, label, kind, teacher_logit), evidence chunks and random and BM25-hard negatives. The teacher rates the evidence and the hard negatives;
-    teacher_logit is NaN for random negatives and under the gold source. The estimator source is the
-    coverage_estimator asset's model version (an input, so its lineage and cost lead through it), scored at
-    estimator_scoring's batch size as the estimated matrices are."""
+    (query_id, chunk_id, label, kind, teacher_logit), evidence chunks and random and BM25-hard negatives. The
+    teacher rates the evidence and the hard negatives; teacher_logit is NaN for random negatives and under the
+    gold source. The estimator source is the coverage_estimator asset's model version (an input, so its lineage
+    and cost lead through it), scored at estimator_scoring's batch size as the estimated matrices are."""
     gold = evidence(chunk_links, chunk_qrels).groupby("query_id")["chunk_id"].apply(set).to_dict()
     hits = lucene.top_n(Path(chunk_index["path"]), queries, config.hard_depth)
     ranking = hits.groupby("query_id")["doc_id"].apply(list).to_dict()
@@ -217,9 +217,10 @@ def mcompass_teacher(context: AssetExecutionContext, config: TeacherConfig, quer
         metadata.update(llm=MetadataValue.json(llm.describe()), llm_usage=MetadataValue.json(llm.take_usage()),
                         prompt_version=prompts.JUDGE_VERSION)
     table = pairs.assign(teacher_logit=logits)
-    return content_output(table, metadata={**metadata, "pairs": len(table), "queries": int(table["query_id"].nunique()),
+    queries_rated = int(table["query_id"].nunique())
+    return content_output(table, metadata={**metadata, "pairs": len(table), "queries": queries_rated,
                                            "positives": int(table["label"].sum()),
-                                           "queries_without_evidence": int(len(distilled) - table["query_id"].nunique()),
+                                           "queries_without_evidence": len(distilled) - queries_rated,
                                            "teacher_mean_probability": MetadataValue.json(teacher_agreement(table))})
 
 

@@ -11,10 +11,11 @@ from covlab.assets.partitions import DATASETS
 from covlab.assets.presentation import OWNERS
 from covlab.assets.reporting import (Publication, leaderboard_entries, publish_report, reported_selections,
                                      require_same_settings, selection_input)
+from covlab.assets.selections import SELECTION_KEYS
 from covlab.models.leaderboard import board, leaderboard
 from covlab.models.metrics import ALPHA_NDCG, STRECALL, vital_nuggets
 from covlab.models.plots import interval_chart, markdown_image, method_intervals
-from covlab.models.registry import Report, methods
+from covlab.models.registry import Report
 from covlab.models.report import PAPER_TABLE1, evaluate_selections, paired_against, report_figures, table1
 from covlab.resources.artifacts import ArtifactStore
 from covlab.resources.evaluation import EvaluationResource
@@ -22,7 +23,6 @@ from covlab.resources.profile import RunProfile
 from covlab.resources.results_store import ResultsStore
 
 REPORT_CODE_VERSION = "1"
-SELECTIONS = {m.name: f"selection_{m.name}" for m in methods(Report.COVERAGE)}
 # the columns of the paired statistics the metadata shows (every report's; paired.csv holds them all)
 PAIRED_COLUMNS = ["mean_difference", "ci_low", "ci_high", "wins", "ties", "losses", "wilcoxon_p"]
 
@@ -33,7 +33,7 @@ class ReportConfig(Config):
 
 
 @asset(partitions_def=DATASETS, group_name="reports", code_version=REPORT_CODE_VERSION,
-       ins={method: selection_input(Report.COVERAGE, method, name) for method, name in SELECTIONS.items()}
+       ins={method: selection_input(Report.COVERAGE, method, name) for method, name in SELECTION_KEYS.items()}
        | {"nuggets": AssetIn(), "nugget_links": AssetIn(), "qrels": AssetIn(), "queries": AssetIn()},
        kinds={"python", "parquet"}, owners=OWNERS)
 def coverage_report(context: AssetExecutionContext, config: ReportConfig, evaluation: EvaluationResource,
@@ -46,7 +46,7 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
     queries, nugget_links, qrels = inputs.pop("queries"), inputs.pop("nugget_links"), inputs.pop("qrels")
     vital = vital_nuggets(inputs.pop("nuggets"))
     left_out = profile.left_out(Report.COVERAGE)
-    selections = reported_selections(context, inputs, SELECTIONS, left_out)
+    selections = reported_selections(context, inputs, SELECTION_KEYS, left_out)
     per_query = evaluate_selections(selections, nugget_links, qrels, queries, evaluation.k, evaluation.alpha, vital)
     table = table1(per_query, evaluation.report_split)
     metric = str(ALPHA_NDCG @ evaluation.k)
@@ -60,7 +60,7 @@ def coverage_report(context: AssetExecutionContext, config: ReportConfig, evalua
     yield publish_report(context, Publication(
         per_query, {"leaderboard": ranked, "table1": table, "per_query": per_query, "paired": paired},
         report_figures(per_query, context.partition_key, evaluation.k),
-        {method: [AssetKey(SELECTIONS[method])] for method in selections}, reported, [metric], metadata={
+        {method: [AssetKey(SELECTION_KEYS[method])] for method in selections}, reported, [metric], metadata={
             **leaderboard_entries(context, ranked, config.baseline, left_out),
             "table1": MetadataValue.md(table.rename(columns=lambda m: m.split("@")[0]).rename_axis(
                 f"{table.index.name}, @{evaluation.k}").to_markdown(floatfmt=".3f")),

@@ -141,7 +141,8 @@ def main() -> None:
 
     print(f"\nlongdoc --profile {args.profile}, device {args.device}, {os.cpu_count()} CPUs; against "
           f"{args.previous if before else 'no previous run'}")
-    print(f"{'step':<40} {'seconds':>9} {'share':>6} {'peak RSS MiB':>13} {'throughput':>24} {'then s':>8} {'now/then':>8}")
+    print(f"{'step':<40} {'seconds':>9} {'share':>6} {'peak RSS MiB':>13} {'throughput':>24} {'then s':>8} "
+          f"{'now/then':>8}")
     for row in rows:
         peak = f"{row['peak_rss_mib']:.0f}" if row["peak_rss_mib"] is not None else "-"
         rate = f"{row['work']['per_second']:g} {row['work']['unit']}/s" if row["work"] else "-"

@@ -20,9 +20,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches, mean_pool,
-                                    quiet_loading, read_info, run_batches, save_model_directory, seeded, tokenize)
-from covlab.models.runtime import DEFAULT_RUNTIME, OnnxModel, onnx_model, runtime_on
+from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, batch_inference, collate,
+                                    length_sorted_batches, mean_pool, quiet_loading, read_info, run_batches,
+                                    save_model_directory, seeded, tokenize)
+from covlab.models.runtime import DEFAULT_RUNTIME, onnx_model, runtime_on
 
 COVERED_MARKER = "[COVERED]"
 NOTHING_COVERED = "none"
@@ -137,21 +138,6 @@ def _embed(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]).float(), dim=-1)
 
 
-def _embedder(model, device: torch.device, autocast_dtype: torch.dtype | None
-              ) -> Callable[[dict[str, torch.Tensor]], np.ndarray]:
-    """A batch's embeddings as float32 rows: the export's session for an OnnxModel, else `_embed` under
-    inference_mode and autocast (thread-local: entered per batch)."""
-    if isinstance(model, OnnxModel):
-        return model
-    model.eval()
-
-    def embed(batch: dict[str, torch.Tensor]) -> np.ndarray:
-        with torch.inference_mode(), autocast(device, autocast_dtype):
-            return _embed(model, batch).cpu().numpy()
-
-    return embed
-
-
 def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_length: int = 256,
            device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
            streams: int | None = None, progress: Callable[[str], None] | None = None) -> np.ndarray:
@@ -162,7 +148,7 @@ def encode(model, tokenizer, texts: Sequence[str], *, batch_size: int = 64, max_
     if not texts:
         return out
     tokenized = tokenize(tokenizer, texts, None, max_length)
-    embedder = _embedder(model, device, autocast_dtype)
+    embedder = batch_inference(model, _embed, device, autocast_dtype)
 
     def embed(batch: np.ndarray) -> None:
         out[batch] = embedder(collate(tokenized, batch, device))

@@ -25,11 +25,11 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from covlab.models.dataset import Dataset
-from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, collate, length_sorted_batches,
-                                    quiet_loading, read_info, run_batches, save_model_directory, seeded,
-                                    shuffled_length_batches, tokenize)
+from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, batch_inference, collate,
+                                    length_sorted_batches, quiet_loading, read_info, run_batches,
+                                    save_model_directory, seeded, shuffled_length_batches, tokenize)
 from covlab.models.metrics import brier_score, expected_calibration_error
-from covlab.models.runtime import DEFAULT_RUNTIME, OnnxModel, onnx_model, runtime_on
+from covlab.models.runtime import DEFAULT_RUNTIME, onnx_model, runtime_on
 from covlab.models.schemas import document_text
 from covlab.models.windows import WindowSelection, select_windows
 
@@ -177,21 +177,6 @@ def _logit(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return model(**batch).logits[:, 0]
 
 
-def _logits_of(model, device: torch.device, autocast_dtype: torch.dtype | None
-               ) -> Callable[[dict[str, torch.Tensor]], np.ndarray]:
-    """A batch's logits as float32: the export's session for an OnnxModel, else `_logit` under inference_mode and
-    autocast (thread-local: entered per batch)."""
-    if isinstance(model, OnnxModel):
-        return model
-    model.eval()
-
-    def logits(batch: dict[str, torch.Tensor]) -> np.ndarray:
-        with torch.inference_mode(), autocast(device, autocast_dtype):
-            return _logit(model, batch).float().cpu().numpy()
-
-    return logits
-
-
 def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: int = 64,
                 max_length: int = 256, device: torch.device = CPU, autocast_dtype: torch.dtype | None = None,
                 streams: int | None = None, progress: Callable[[str], None] | None = None) -> np.ndarray:
@@ -207,7 +192,7 @@ def score_pairs(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_siz
     firsts, seconds = zip(*pairs)
     tokenized = tokenize(tokenizer, firsts, seconds, max_length)
     probs = np.empty(len(pairs), dtype=np.float32)
-    logits = _logits_of(model, device, autocast_dtype)
+    logits = batch_inference(model, _logit, device, autocast_dtype)
 
     def score(batch: np.ndarray) -> None:
         probs[batch] = torch.sigmoid(torch.from_numpy(logits(collate(tokenized, batch, device)))).numpy()

@@ -231,6 +231,24 @@ def run_batches(batches: Sequence[np.ndarray], work: Callable[[np.ndarray], None
             pass
 
 
+def batch_inference(model, forward: Callable[[object, dict[str, torch.Tensor]], torch.Tensor], device: torch.device,
+                    autocast_dtype: torch.dtype | None) -> Callable[[dict[str, torch.Tensor]], np.ndarray]:
+    """`forward(model, batch)` per batch of model inputs (`collate`'s tensors), as float32 rows: an ONNX export
+    (models/runtime.py OnnxModel, which computes `forward` itself) is its own session; a torch model runs in eval
+    mode under inference_mode and autocast, entered per batch (thread-local: run_batches' streams each enter them)."""
+    from covlab.models.runtime import OnnxModel
+
+    if isinstance(model, OnnxModel):
+        return model
+    model.eval()
+
+    def run(batch: dict[str, torch.Tensor]) -> np.ndarray:
+        with torch.inference_mode(), autocast(device, autocast_dtype):
+            return forward(model, batch).float().cpu().numpy()
+
+    return run
+
+
 def collate(tokenized: Tokenized, indices: Sequence[int] | np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-padded model inputs (with attention_mask) for the texts at `indices`, padded to the longest."""
     lengths = tokenized.lengths[np.asarray(indices)]

@@ -3,8 +3,8 @@ with the query's ids, split, topic and gold matrix beside it), built from the pi
 driver that runs a selector over every query and budget into a selection table (`select_queries`).
 
 Two views of a pool feed the same selectors:
-- `ranked_pools`: a POOLS table in rank order (a BM25 pool, or one re-ranked by a bi-encoder's RELEVANCE_SCORES or POOL_SCORES),
-  relevance = -rank, with the coverage matrix of a long-form coverage table: the k selections;
+- `ranked_pools`: a POOLS table in rank order (a BM25 pool, or one re-ranked by a bi-encoder's RELEVANCE_SCORES
+  or POOL_SCORES), relevance = -rank, with the coverage matrix of a long-form coverage table: the k selections;
 - `embedded_pools`: a POOLS table with the ITEM_EMBEDDINGS and TOKEN_COUNTS of its items (relevance = the
   cosine to the query): the token-budgeted comparison.
 

@@ -864,9 +864,9 @@ def _serve_parser(commands) -> None:
                        help=f"how often to check the aliases (default {DEFAULT_POLL_SECONDS:g}; 0: never)")
     serve.add_argument("--device", default="cpu", help="torch device of the encoders (default cpu)")
     serve.add_argument("--runtime", choices=RUNTIMES, default=DEFAULT_RUNTIME,
-                       help=f"what encodes the texts a request sends without embeddings, on the CPU (models/runtime.py: "
-                            f"onnx and onnx-int8 run an export of the encoder kept beside its weights; default "
-                            f"{DEFAULT_RUNTIME})")
+                       help=f"what encodes the texts a request sends without embeddings, on the CPU "
+                            f"(models/runtime.py: onnx and onnx-int8 run an export of the encoder kept beside its "
+                            f"weights; default {DEFAULT_RUNTIME})")
     serve.add_argument("--shutdown-seconds", type=float, default=DEFAULT_SHUTDOWN_SECONDS,
                        help=f"on SIGTERM or Ctrl-C, how long the requests in flight may take to finish before they "
                             f"are cancelled and the process exits (default {DEFAULT_SHUTDOWN_SECONDS:g})")

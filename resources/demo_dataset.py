@@ -1,8 +1,9 @@
 """The embedded `demo` dataset: a small fictional travel guide, generated deterministically from a seed.
 
-Twenty-two queries (8 train, 3 dev, 11 test) ask what a visitor should know about an invented place or event. Each has 5-10
-nuggets (facts of one aspect: lodging, transport, food, ...), written with invented words so that no
-real text is copied and nothing outside the generator decides what a document covers. Per query:
+Twenty-two queries (8 train, 3 dev, 11 test) ask what a visitor should know about an invented place or
+event. Each has 5-10 nuggets (facts of one aspect: lodging, transport, food, ...), written with invented
+words so that no real text is copied and nothing outside the generator decides what a document covers.
+Per query:
 covering documents (1-3 nuggets each, drawn with a skew so a few nuggets are popular), near-duplicates
 of covering documents (same source unit, a few words changed: redundancy), on-topic distractors that
 restate the question and cover nothing, and off-topic noise. Relevance ranking favours the distractors

@@ -526,7 +526,8 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
     loaded, decisions = _served_versions(entry, dataset, alias, tracking_uri, cache)
     return ContextSelector(entry, settings or decisions.settings or SelectorSettings(),
                            shared_encoder(default_base_model(), device, runtime=runtime),
-                           TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES), models=served_models({t: path for t, (_, path) in loaded.items()}, device),
+                           TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
+                           models=served_models({t: path for t, (_, path) in loaded.items()}, device),
                            decisions=decisions, provenance=[ModelProvenance.of(ref, alias) for ref, _ in loaded.values()])
 
 

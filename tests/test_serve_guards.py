@@ -271,3 +271,18 @@ def test_covlab_serve_reads_its_token_from_the_environment(monkeypatch, capsys):
     assert main(["serve", "--body-seconds", "0"]) == 2
     assert "--body-seconds: expected a finite number of seconds > 0, got 0.0" in capsys.readouterr().err
     assert len(started) == 1
+
+
+def test_covlab_serve_runs_the_encoder_on_the_runtime_its_flag_names(monkeypatch, capsys):
+    import covlab.serving.http as http
+    from covlab.models.runtime import DEFAULT_RUNTIME
+    from covlab.orchestration.cli import main
+
+    started = []
+    monkeypatch.setattr(http, "serve", started.append)
+    monkeypatch.delenv(TOKEN_VARIABLE, raising=False)
+    assert main(["serve"]) == 0 and main(["serve", "--runtime", "onnx-int8"]) == 0
+    assert [settings.runtime for settings in started] == [DEFAULT_RUNTIME, "onnx-int8"]
+    with pytest.raises(SystemExit):
+        main(["serve", "--runtime", "tensorrt"])
+    assert "invalid choice: 'tensorrt'" in capsys.readouterr().err
