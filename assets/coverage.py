@@ -9,7 +9,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from dagster import AssetExecutionContext, Config, MetadataValue, Output, asset
+from dagster import AssetExecutionContext, AssetKey, Config, MetadataValue, Output, asset
 from pydantic import Field
 
 from covlab.assets.adoption import adopted_models
@@ -23,13 +23,14 @@ from covlab.models import prompts
 from covlab.models.biencoder import (cosines, coverage_anchor, coverage_groups_from_pairs, encode, load_biencoder,
                                      save_biencoder, train_coverage_biencoder)
 from covlab.models.adoption import REPLAYED, TARGET_TUNE, ModelSource
-from covlab.models.coverage import (document_texts, estimate_coverage, estimate_coverage_pruned, gold_judgments,
-                                    held_out_figures, labelled_pairs, load_estimator_scorer, pool_pairs, queries_of,
-                                    rated_judgments, save_estimator, training_pairs)
+from covlab.models.coverage import (KnownPairs, document_texts, estimate_coverage, estimate_coverage_pruned,
+                                    gold_judgments, held_out_figures, labelled_pairs, load_estimator_scorer,
+                                    pool_pairs, queries_of, rated_judgments, save_estimator, training_pairs)
 from covlab.models.cross_encoder import train_cross_encoder
 from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH, default_base_model
 from covlab.models.matcher import train_matcher
 from covlab.models.registry import PoolOrder
+from covlab.models.runtime import DEFAULT_RUNTIME
 from covlab.models.schemas import COVERAGE_MATRIX, JUDGMENTS, POOL_SCORES, RELEVANCE_SCORES
 from covlab.models.subquestions import (POOL_DEPTH, FocusSettings, focused_decomposition, gold_subquestions,
                                         grounded_decomposition)
@@ -39,7 +40,7 @@ from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
-from covlab.resources.materializations import TrainingSummary
+from covlab.resources.materializations import TrainingSummary, recorded_entry
 from covlab.resources.model_store import TrainedModel
 from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
@@ -381,28 +382,48 @@ def pool_scores(context: AssetExecutionContext, config: ScoringConfig, queries: 
 def estimated_matrix_output(context, scoring: EstimatorScoring, pools: pd.DataFrame, subqs: pd.DataFrame,
                             queries: pd.DataFrame, corpus: pd.DataFrame, estimator: TrainedModel,
                             evaluation: EvaluationResource, device: DeviceResource, tracking: TrackingResource,
-                            artifacts: ArtifactStore) -> Output:
+                            artifacts: ArtifactStore, known: KnownPairs | None = None) -> Output:
     """The body of every estimated-matrix asset (over the BM25 pools, their gold nuggets, the MCompass pools):
     the registered estimator's coverage probability of each (pool document, subquestion) pair of the
     evaluated splits' queries, pruned to each subquestion's top-m documents when the estimator_scoring
-    resource asks. Its settings are recorded as the matrix's config."""
+    resource asks; a pair `known` holds (another matrix of the same estimator and runtime scored it) is taken
+    from there. Its settings are recorded as the matrix's config."""
     context.log.info(device.describe())
     progress = step_progress(context)
     score = scoring.estimator(load_registered_model(estimator, tracking, artifacts), device, progress)
+    if known is not None:
+        score = known.reusing(score)
     pairs = pool_pairs(pools, subqs, queries_of(queries, evaluation.splits)).drop(columns="split")
     if scoring.prune_top_m is None:
-        matrix, scored = estimate_coverage(pairs, subqs, document_texts(corpus), score), len(pairs)
+        matrix, kept = estimate_coverage(pairs, subqs, document_texts(corpus), score), len(pairs)
     else:
-        matrix, kept = estimate_coverage_pruned(pairs, subqs, document_texts(corpus), score,
+        matrix, keep = estimate_coverage_pruned(pairs, subqs, document_texts(corpus), score,
                                                 scoring.first_stage_encoder(device, progress), scoring.prune_top_m)
-        scored = int(kept.sum())
-    context.log.info(f"estimated matrix: {scored} of {len(pairs)} pairs scored by the estimator")
+        kept = int(keep.sum())
+    reused = known.reused if known is not None else 0
+    scored = kept - reused
+    context.log.info(f"estimated matrix: {scored} of {len(pairs)} pairs scored by the estimator"
+                     + (f", {reused} more taken from estimated_coverage_matrix" if known is not None else ""))
     return content_output(matrix, metadata={
-        "pairs": len(matrix), "pairs_scored": scored, "pairs_pruned": len(matrix) - scored,
+        "pairs": len(matrix), "pairs_scored": scored, "pairs_reused": reused, "pairs_pruned": len(matrix) - kept,
         "queries": int(matrix["query_id"].nunique()), "splits": MetadataValue.json(evaluation.splits),
         "model_uri": estimator.model.uri,
         "covered_share_at_tau": float((matrix["probability"] >= evaluation.tau).mean()),
         "config": MetadataValue.json(scoring.model_dump())})
+
+
+def scored_by_the_same_estimator(context, matrix: pd.DataFrame, subqs: pd.DataFrame, corpus: pd.DataFrame,
+                                 estimator: TrainedModel, scoring: EstimatorScoring) -> KnownPairs | None:
+    """The pairs `matrix` (this partition's estimated_coverage_matrix, as stored) scored, when its materialization
+    recorded the same estimator version and runtime as this step's; else None, and the step scores every pair."""
+    recorded = {name: recorded_entry(context.instance, AssetKey("estimated_coverage_matrix"), context.partition_key,
+                                     name) for name in ("model_uri", "config")}
+    runtime = (recorded["config"] or {}).get("runtime", DEFAULT_RUNTIME)
+    if recorded["model_uri"] != estimator.model.uri or runtime != scoring.runtime:
+        context.log.info(f"estimated_coverage_matrix was scored by {recorded['model_uri']} on {runtime}, not "
+                         f"{estimator.model.uri} on {scoring.runtime}: every pair is scored here")
+        return None
+    return KnownPairs(matrix, subqs, document_texts(corpus))
 
 
 @asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),

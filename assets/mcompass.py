@@ -16,7 +16,7 @@ from dagster import (AssetCheckResult, AssetExecutionContext, AssetIn, AssetKey,
                      MetadataValue, Output, asset, asset_check, multi_asset)
 from pydantic import Field
 
-from covlab.assets.coverage import estimated_matrix_output
+from covlab.assets.coverage import estimated_matrix_output, scored_by_the_same_estimator
 from covlab.assets.outputs import content_output
 from covlab.assets.model_registry import load_registered_model, source_replay, trained_output, training_run
 from covlab.assets.partitions import DATASETS
@@ -434,20 +434,23 @@ def mcompass_pools(config: StudentPoolConfig, mcompass_retrieval: pd.DataFrame, 
         "config": MetadataValue.json(config.model_dump())})
 
 
-@asset(partitions_def=DATASETS, group_name=GROUP, code_version="1", **gpu_step(),
+@asset(partitions_def=DATASETS, group_name=GROUP, code_version="2", **gpu_step(),
        kinds={"pytorch", "parquet"}, owners=OWNERS, metadata=table_metadata(COVERAGE_MATRIX))
 @reports_peak_rss
 def mcompass_pool_coverage_matrix(context: AssetExecutionContext, estimator_scoring: EstimatorScoring,
                                   mcompass_pools: pd.DataFrame, subquestions: pd.DataFrame, queries: pd.DataFrame,
                                   corpus: pd.DataFrame, coverage_estimator: TrainedModel,
-                                  evaluation: EvaluationResource,
+                                  estimated_coverage_matrix: pd.DataFrame, evaluation: EvaluationResource,
                                   device: DeviceResource, tracking: TrackingResource,
                                   artifacts: ArtifactStore) -> Output[pd.DataFrame]:
     """estimated_coverage_matrix over the MCompass pools: the estimator's coverage probability of every
     (pool document, subquestion) of the evaluated splits' queries (a pool of any other query is not scored),
-    pruned as that asset is (the one estimator_scoring resource)."""
+    pruned as that asset is (the one estimator_scoring resource). A pair the BM25 pools' matrix scored with the
+    same estimator version and runtime is taken from it, not scored again (pairs_reused)."""
+    known = scored_by_the_same_estimator(context, estimated_coverage_matrix, subquestions, corpus,
+                                         coverage_estimator, estimator_scoring)
     return estimated_matrix_output(context, estimator_scoring, mcompass_pools, subquestions, queries, corpus,
-                                   coverage_estimator, evaluation, device, tracking, artifacts)
+                                   coverage_estimator, evaluation, device, tracking, artifacts, known)
 
 
 class PoolComparisonConfig(Config):

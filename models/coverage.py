@@ -113,6 +113,35 @@ def estimate_coverage(pairs: pd.DataFrame, subquestions: pd.DataFrame, texts: di
     return COVERAGE_MATRIX.conform(pairs.assign(probability=np.asarray(probabilities, dtype=np.float64)))
 
 
+class KnownPairs:
+    """Coverage probabilities another estimated matrix already holds, by (subquestion text, document text): a
+    scorer wrapped by `reusing` takes a pair's probability from here and scores only the pairs not found, so that
+    a pair two matrices share (the BM25 and the MCompass pools hold many of the same documents) is scored once.
+    Only pairs the other matrix scored are known: a first stage's pruned pairs hold 0.0 there, and a scored pair
+    is never exactly 0.0 (a sigmoid), so 0.0 is read as not scored. Valid only for a matrix of the same estimator
+    version scored on the same runtime (the caller checks). `reused` counts the pairs answered from here."""
+
+    def __init__(self, matrix: pd.DataFrame, subquestions: pd.DataFrame, texts: dict[str, str]):
+        scored = matrix[matrix["probability"] > 0.0]
+        text_of_subq = dict(zip(subquestions["subq_id"], subquestions["text"]))
+        self.probabilities = dict(zip(zip(scored["subq_id"].map(text_of_subq), scored["doc_id"].map(texts)),
+                                      scored["probability"].astype(np.float64)))
+        self.reused = 0
+
+    def reusing(self, score: Callable[[list[tuple[str, str]]], np.ndarray]
+                ) -> Callable[[list[tuple[str, str]]], np.ndarray]:
+        """`score` answering the known pairs from this table, in one call for the others."""
+        def scored(pairs: list[tuple[str, str]]) -> np.ndarray:
+            out = np.array([self.probabilities.get(pair, np.nan) for pair in pairs], dtype=np.float64)
+            missing = np.flatnonzero(np.isnan(out))
+            self.reused += len(pairs) - len(missing)
+            if len(missing):
+                out[missing] = np.asarray(score([pairs[i] for i in missing]), dtype=np.float64)
+            return out
+
+        return scored
+
+
 def check_prune_top_m(top_m: int) -> int:
     """The first stage keeps at least one document per subquestion: `top_m`, or a ValueError naming it."""
     if top_m < 1:

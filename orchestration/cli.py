@@ -331,6 +331,7 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     from covlab.orchestration.concurrency import log_to_console, pool_slots_guard
     from covlab.orchestration.console import covlab_console
     from covlab.orchestration.definitions import ASSETS, OBSERVED_ASSETS, default_resources, with_resource_settings
+    from covlab.resources.device import heap_frozen_for_run
     from covlab.resources.profile import untrained_in
 
     check_dataset_name(dataset)
@@ -357,7 +358,7 @@ def materialize(dataset: str, select: list | None, config: dict | None, instance
     log_to_console()
     job = Definitions(assets=[*ASSETS, *OBSERVED_ASSETS], resources=resources, loggers={"console": covlab_console},
                       jobs=[define_asset_job(IN_PROCESS_JOB, selection=selection)]).resolve_job_def(IN_PROCESS_JOB)
-    with pool_slots_guard(instance) as tags:
+    with pool_slots_guard(instance) as tags, heap_frozen_for_run():
         resources["artifacts"].discard_failed_runs(instance)
         return job.execute_in_process(run_config=run_config, instance=instance, partition_key=dataset,
                                       raise_on_error=raise_on_error, tags=tags, run_id=run_id)

@@ -40,7 +40,7 @@ from covlab.models.selectors import Budget
 from covlab.models.versions import file_hashes, files_hash
 from covlab.resources.model_store import ANSWER_COLUMNS, MLFLOW_FILES
 from covlab.serving.selector import TOKEN_CACHE_BYTES, ContextSelector, ServingError
-from covlab.serving.shared import served_models, shared_encoder
+from covlab.serving.shared import VersionFiles, served_models, shared_encoder
 
 
 def _load_pyfunc(data_path: str, model_config: dict | None = None) -> SelectorModel:
@@ -83,8 +83,9 @@ class SelectorModel:
         if name is None:
             raise ValueError(f"{path}: the MLmodel names no covlab method in its model config")
         method, own = registry_method(name), pyfunc_selector(name)
-        models = served_models({own: path, **{trained_selector(asset): Path(model["path"])
-                                              for asset, model in dict(config.get("models") or {}).items()}})
+        models = served_models({own: VersionFiles(path, config["content_hash"]),
+                                **{trained_selector(asset): VersionFiles(Path(model["path"]), model["content_hash"])
+                                   for asset, model in dict(config.get("models") or {}).items()}})
         decisions = RecordedDecisions.from_json(config.get("decisions"))
         self.selector = ContextSelector(method, decisions.settings or SelectorSettings(),
                                         shared_encoder(default_base_model()), TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),

@@ -36,7 +36,7 @@ from covlab.models.selectors import NORM_TOLERANCE, Blend, Budget, Pool, Relevan
 from covlab.resources.model_store import (ADOPTED_FROM_TAG, CONTENT_HASH_TAG, PROMOTED_BY_TAG, TRAINED_ON_TAG,
                                          ModelStore, ModelVersionRef, WeightsChanged, recorded_decisions,
                                          weights_change)
-from covlab.serving.shared import served_models, shared_encoder
+from covlab.serving.shared import VersionFiles, served_models, shared_encoder
 
 # Bytes of texts and counts a selector's token counter keeps, the least recently counted dropped first
 # (models/tokens.py `max_cached_bytes`): a long-lived caller's memory stays bounded whatever texts it is sent, however
@@ -527,7 +527,8 @@ def load_selector(method: str, dataset: str | None = None, alias: str = "champio
     return ContextSelector(entry, settings or decisions.settings or SelectorSettings(),
                            shared_encoder(default_base_model(), device, runtime=runtime),
                            TokenCounter(max_cached_bytes=TOKEN_CACHE_BYTES),
-                           models=served_models({t: path for t, (_, path) in loaded.items()}, device),
+                           models=served_models({t: VersionFiles(path, ref.tags[CONTENT_HASH_TAG])
+                                                 for t, (ref, path) in loaded.items()}, device),
                            decisions=decisions, provenance=[ModelProvenance.of(ref, alias) for ref, _ in loaded.values()])
 
 

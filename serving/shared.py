@@ -3,7 +3,8 @@
 Every selector a process serves (`covlab serve`'s methods, the pyfuncs of one MLflow process, a notebook's
 `load_selector` calls) reads its texts through the same base encoder and, for the methods on estimated coverage,
 the same estimator version: `shared_encoder` and `served_models` hand out one loaded object per model (per
-version folder, for a trained selector) for as long as a selector holds it, instead of a copy per method. Each
+version content hash, for a trained selector, whichever verified folder holds its files: load_selector's copy or
+the one MLflow made for a pyfunc) for as long as a selector holds it, instead of a copy per method. Each
 remembers what it computed (a text's embedding, a (subquestion, passage) pair's estimated coverage) by a digest of
 its texts, within a bound in bytes, so that a passage sent again (at another budget, to another method, by the
 next request on a popular document) is not encoded or scored again, and a long-lived server's memory stays
@@ -15,6 +16,7 @@ import hashlib
 import threading
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -145,13 +147,20 @@ def shared_encoder(model: str, device: str = "cpu", max_length: int = ENCODER_MA
                    lambda: Encoder(model, device, max_length, runtime))
 
 
-def served_models(folders: Mapping[TrainedSelector, Path], device: str = "cpu") -> dict[Role, object]:
-    """Each trained selector's loaded object by its Role, from its verified version folder (`folders`), loaded by
-    its registry entry; the process's one copy of a cached role's (an estimator, an order encoder) per folder."""
+@dataclass(frozen=True)
+class VersionFiles:
+    """A trained selector version's files: the folder they were verified in and the content hash they have."""
+    path: Path
+    content_hash: str
+
+
+def served_models(versions: Mapping[TrainedSelector, VersionFiles], device: str = "cpu") -> dict[Role, object]:
+    """Each trained selector's loaded object by its Role, from its verified version files, loaded by its registry
+    entry; the process's one copy of a cached role's (an estimator, an order encoder) per content hash."""
     loaded = {}
-    for trained, folder in folders.items():
+    for trained, files in versions.items():
         wrap = _CACHED_ROLES.get(trained.role)
-        loaded[trained.role] = (trained.load(folder, device) if wrap is None else
-                                _shared(("trained", trained.asset, str(folder), device),
-                                        lambda t=trained, f=folder, w=wrap: w(t.load(f, device))))
+        loaded[trained.role] = (trained.load(files.path, device) if wrap is None else
+                                _shared(("trained", trained.asset, files.content_hash, device),
+                                        lambda t=trained, f=files.path, w=wrap: w(t.load(f, device))))
     return loaded

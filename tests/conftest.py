@@ -17,6 +17,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")  # Haystack otherwise posts usage events on each run
+# Two workers (and the processes they start: `make demo`, Celery workers, `covlab reproduce`) share the 2 cores: a
+# torch thread waiting at the end of a parallel region sleeps instead of spinning (OpenMP's default), which frees
+# its core for the other worker. Read when torch loads, i.e. after this; the floats are the same either way
+# (docs/testing.md has the measurement).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # A suite started in the background by a non-interactive shell (`cmd &`, nohup, some CI runners) inherits SIGINT
 # ignored. Every in-process Dagster run on the main thread then leaves SIGTERM with SIGINT's disposition
@@ -60,7 +65,10 @@ def pytest_collection_modifyitems(config, items):
         pipeline = item.get_closest_marker("pipeline") is not None
         if not (pipeline or item.get_closest_marker("services")):
             item.add_marker(pytest.mark.unit)
-        item.add_marker(pytest.mark.xdist_group(f"demo:{item.name}" if on_demo else item.path.stem))
+        # a test that names its group (tests/test_served_is_evaluated.py: three transports that share one
+        # process's loaded models) keeps it
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(f"demo:{item.name}" if on_demo else item.path.stem))
         longest = on_demo and item.name == LONGEST_DEMO_TEST
         order[item.nodeid] = 0 if longest else 1 if pipeline and not on_demo else 2 if on_demo else 3
     # xdist hands out the groups in this order (`make test` keeps it: --no-loadscope-reorder): the demo home's

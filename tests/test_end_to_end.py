@@ -248,9 +248,9 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
                 page.screenshot(path=str(tmp_path / f"{shot}.png"))
                 return page.inner_text("body")
 
-            # the coverage group's graph: asset nodes with their kind badges
-            graph = show("/locations/covlab/asset-groups/coverage", "asset_graph",
-                         "coverage_biencoder")
+            # the coverage group's graph: asset nodes with their kind badges (the graph opens on its middle, and
+            # draws only the nodes in view: subquestions is one)
+            graph = show("/locations/covlab/asset-groups/coverage", "asset_graph", "subquestions")
             assert "PyTorch" in graph and "Parquet" in graph
             estimator = show("/assets/coverage_estimator", "coverage_estimator", "covlab/device: gpu")
             assert "Kinds" in estimator and "PyTorch" in estimator and "Owners" in estimator

@@ -8,6 +8,7 @@ from dagster import build_asset_context
 
 from covlab.assets.coverage import estimated_coverage_matrix, estimated_gold_coverage_matrix
 from covlab.assets.mcompass import mcompass_pool_coverage_matrix
+from covlab.models.schemas import COVERAGE_MATRIX
 from covlab.models.versions import directory_hash
 from covlab.resources.device import DeviceResource
 from covlab.resources.evaluation import EvaluationResource
@@ -52,7 +53,52 @@ def _matrices(estimator: TrainedModel, scoring: EstimatorScoring) -> dict:
             "estimated_gold_coverage_matrix": estimated_gold_coverage_matrix(
                 build_asset_context(), bm25_pools=POOLS, nuggets=NUGGETS, **common),
             "mcompass_pool_coverage_matrix": mcompass_pool_coverage_matrix(
-                build_asset_context(), mcompass_pools=POOLS, subquestions=SUBQUESTIONS, **common)}
+                build_asset_context(partition_key="t"), mcompass_pools=POOLS, subquestions=SUBQUESTIONS,
+                estimated_coverage_matrix=COVERAGE_MATRIX.conform(POOLS.iloc[:0].assign(subq_id="", probability=0.0)),
+                **common)}
+
+
+def test_the_mcompass_matrix_scores_only_the_pairs_the_bm25_matrix_did_not(estimator):
+    """A (subquestion, document) pair that estimated_coverage_matrix scored with the same estimator version on the
+    same runtime is taken from it, not scored again; the others are scored; on another runtime nothing is taken."""
+    from dagster import AssetKey, AssetMaterialization, DagsterInstance
+
+    from tiny_bert import one_thread
+
+    common = dict(subquestions=SUBQUESTIONS, queries=QUERIES, corpus=CORPUS, coverage_estimator=estimator,
+                  evaluation=EvaluationResource(), device=DeviceResource(device="cpu"), tracking=None,
+                  artifacts=None, estimator_scoring=EstimatorScoring(batch_size=5))
+    bm25_pools = POOLS[POOLS["doc_id"].isin(DOCS[:4])]  # the MCompass pools hold two documents more
+    with one_thread(), DagsterInstance.ephemeral() as instance:
+        bm25 = estimated_coverage_matrix(build_asset_context(), bm25_pools=bm25_pools, **common)
+        for runtime, reused in (("torch", len(EVALUATED) * 4 * 2), ("onnx-int8", 0)):
+            instance.report_runless_asset_event(AssetMaterialization(
+                AssetKey("estimated_coverage_matrix"), partition="t",
+                metadata={**bm25.metadata, "config": {**bm25.metadata["config"].value, "runtime": runtime}}))
+            out = mcompass_pool_coverage_matrix(build_asset_context(instance=instance, partition_key="t"),
+                                                mcompass_pools=POOLS, estimated_coverage_matrix=bm25.value, **common)
+            metadata = {key: value.value for key, value in out.metadata.items()}
+            assert (metadata["pairs_reused"], metadata["pairs_scored"]) == (reused, len(EVALUATED) * 6 * 2 - reused)
+            shared = out.value.merge(bm25.value, on=["query_id", "doc_id", "subq_id"])
+            assert len(shared) == len(bm25.value)
+            # taken: the stored values themselves (the tiny estimator draws a fresh head at each load, so a pair
+            # scored again would differ)
+            assert shared["probability_x"].equals(shared["probability_y"]) == bool(reused)
+
+
+def test_known_pairs_answer_what_they_hold_and_score_the_rest_in_one_call():
+    from covlab.models.coverage import KnownPairs
+
+    matrix = pd.DataFrame({"query_id": "q", "doc_id": ["d1", "d2", "d3"], "subq_id": "q/s0",
+                           "probability": [0.25, 0.0, 0.75]})  # d2 was pruned there: not known
+    known = KnownPairs(matrix, SUBQUESTIONS.assign(query_id="q", subq_id="q/s0").iloc[:1],
+                       {"d1": "one", "d2": "two", "d3": "three"})
+    asked = []
+    score = known.reusing(lambda pairs: asked.append(pairs) or [0.5] * len(pairs))
+    facet = SUBQUESTIONS["text"].iloc[0]
+    assert score([(facet, "three"), (facet, "two"), ("other", "one"), (facet, "one")]).tolist() == [
+        0.75, 0.5, 0.5, 0.25]
+    assert asked == [[(facet, "two"), ("other", "one")]] and known.reused == 2
 
 
 def test_one_setting_prunes_every_estimated_matrix_alike(estimator, tiny_model):

@@ -16,10 +16,13 @@ from covlab.models.registry import METHOD, Report, pyfunc_selector
 from covlab.models.selectors import Budget
 from covlab.resources.io_manager import read_stored
 
-pytestmark = pytest.mark.slow
-# The library call is compared on every evaluated query; the pyfunc and HTTP, which wrap the same ContextSelector
-# in another transport, on the reported split's queries at every method and budget (the estimator's pairs are
-# most of a coverage request's time on a CPU).
+# The module's tests run on one worker, in order, as one serving process would: the library call first, on every
+# evaluated query; then the pyfunc and HTTP, which wrap the same ContextSelector in another transport, on the
+# reported split's queries at every method and budget. The selectors the library call loaded stay loaded
+# (`library_selectors`), so the other two transports share their models and what those computed
+# (serving/shared.py: one copy per version content hash, wherever its files were verified); a transport run alone
+# computes its own.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("demo:served_is_evaluated")]
 REPORTED = "test"
 
 
@@ -91,17 +94,22 @@ def test_the_grid_holds_every_servable_method_at_k_and_at_every_token_budget(ser
     assert len({b.limit for n, b, _ in grid if n == "mmr"}) >= 3
 
 
-def test_load_selector_chooses_what_the_selection_assets_chose(served, monkeypatch):
+@pytest.fixture(scope="module")
+def library_selectors() -> dict:
+    """The selectors load_selector gave, by method, kept for the module (see above)."""
+    return {}
+
+
+def test_load_selector_chooses_what_the_selection_assets_chose(served, library_selectors, monkeypatch):
     from covlab.serving import load_selector
 
     home, cache, grid = served
     monkeypatch.setenv("COVLAB_HOME", str(home))
-    selectors = {}
 
     def select(name, budget, query, candidates):
-        if name not in selectors:
-            selectors[name] = load_selector(name, "demo", cache=cache)
-        answer = selectors[name].select(query, candidates, budget)
+        if name not in library_selectors:
+            library_selectors[name] = load_selector(name, "demo", cache=cache)
+        answer = library_selectors[name].select(query, candidates, budget)
         return answer.ids, answer.decision
 
     assert _compare(home, grid, select) >= 150

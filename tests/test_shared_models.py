@@ -14,7 +14,7 @@ from covlab.models.replay import RecordedDecisions
 from covlab.models.selectors import Budget
 from covlab.models.tokens import TokenCounter
 from covlab.serving.selector import ContextSelector
-from covlab.serving.shared import CachedPairs, CachedTexts, served_models, shared_encoder, text_digest
+from covlab.serving.shared import CachedPairs, CachedTexts, VersionFiles, served_models, shared_encoder, text_digest
 
 from fixed_encoder import FixedEncoder
 
@@ -84,15 +84,17 @@ def test_selectors_share_one_loaded_estimator_per_version_while_one_holds_it(tmp
         return Counting()
 
     estimator = TrainedSelector("scratch_estimator", "a scorer for this test", Role.COVERAGE_ESTIMATOR, load)
-    version = tmp_path / "v1"
+    version = VersionFiles(tmp_path / "v1", "hash-of-v1")
     first = served_models({estimator: version})
-    second = served_models({estimator: version})
-    assert first[Role.COVERAGE_ESTIMATOR] is second[Role.COVERAGE_ESTIMATOR] and loads == [version]
-    assert served_models({estimator: tmp_path / "v2"})[Role.COVERAGE_ESTIMATOR] is not first[Role.COVERAGE_ESTIMATOR]
+    # the same version's files verified in another folder (a pyfunc's copy made by MLflow) share its copy
+    second = served_models({estimator: VersionFiles(tmp_path / "pyfunc-copy", "hash-of-v1")})
+    assert first[Role.COVERAGE_ESTIMATOR] is second[Role.COVERAGE_ESTIMATOR] and loads == [version.path]
+    other = VersionFiles(tmp_path / "v2", "hash-of-v2")
+    assert served_models({estimator: other})[Role.COVERAGE_ESTIMATOR] is not first[Role.COVERAGE_ESTIMATOR]
     del first, second
     gc.collect()  # no selector holds v1 any more: its copy and what it remembered are freed
     served_models({estimator: version})
-    assert loads == [version, tmp_path / "v2", version]
+    assert loads == [version.path, other.path, version.path]
     assert shared_encoder("some-model") is shared_encoder("some-model")
     assert shared_encoder("some-model") is not shared_encoder("some-model", max_length=128)
 
@@ -102,7 +104,7 @@ def test_a_coverage_request_at_several_budgets_scores_its_pairs_once():
     estimator = TrainedSelector("scratch_estimator", "a scorer for this test", Role.COVERAGE_ESTIMATOR,
                                 lambda path, device: scorer)
     selector = ContextSelector(method("coverage_greedy"), SelectorSettings(), FixedEncoder(),
-                               TokenCounter(), models=served_models({estimator: Path("scratch")}),
+                               TokenCounter(), models=served_models({estimator: VersionFiles(Path("scratch"), "scratch")}),
                                decisions=RecordedDecisions({}))
     candidates = [{"id": f"d{i}", "text": f"passage {i} about the old town and its {i} bridges"} for i in range(12)]
     subquestions = ["Which bridges?", "How old is the town?"]
