@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH
-from covlab.models.lmvu import LMVU
 from covlab.models.metrics import ALPHA_NDCG, RVC1, Measure
 from covlab.models.promotion import ranker_trusted
 from covlab.models.selectors import (DEFAULT_MMR_LAMBDA, DEFAULT_TAU, MMR, AdaGReS, Budget, CoverageGreedy,
@@ -157,6 +155,8 @@ class Method:
 
 
 def _lmvu(settings: SelectorSettings, ranker) -> Selector:
+    from covlab.models.lmvu import LMVU  # with sklearn, loaded by what selects, not by what reads the registry
+
     return LMVU(ranker)
 
 
@@ -277,6 +277,7 @@ def _load_estimator(path: Path, device: str):
     import torch
 
     from covlab.models.coverage import load_estimator_scorer
+    from covlab.models.encoders import ENCODER_BATCH
 
     return load_estimator_scorer(str(path), batch_size=ENCODER_BATCH, device=torch.device(device))
 
@@ -285,6 +286,7 @@ def _load_encoder(path: Path, device: str):
     import torch
 
     from covlab.models.biencoder import load_first_stage
+    from covlab.models.encoders import ENCODER_BATCH, ENCODER_MAX_LENGTH
 
     return load_first_stage(str(path), batch_size=ENCODER_BATCH, max_length=ENCODER_MAX_LENGTH,
                             device=torch.device(device))

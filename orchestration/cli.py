@@ -808,7 +808,8 @@ def serve_command(args) -> int:
     from dataclasses import fields
 
     from covlab.serving import ServingError
-    from covlab.serving.http import Limits, ServeSettings, serve, serve_token
+    from covlab.serving.http import ServeSettings, serve, serve_token
+    from covlab.serving.settings import Limits
 
     try:
         limits = Limits(**{setting.name: getattr(args, setting.name) for setting in fields(Limits)})
@@ -835,8 +836,8 @@ def _serve_parser(commands) -> None:
     from dataclasses import fields
 
     from covlab.models.runtime import DEFAULT_RUNTIME, RUNTIMES
-    from covlab.serving.http import (DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, DEFAULT_SHUTDOWN_SECONDS,
-                                     TOKEN_VARIABLE, Limits)
+    from covlab.serving.settings import (DEFAULT_HOST, DEFAULT_POLL_SECONDS, DEFAULT_PORT, DEFAULT_SHUTDOWN_SECONDS,
+                                         TOKEN_VARIABLE, Limits)
 
     serve = commands.add_parser(
         "serve", help="the registry's selectors and corpus retriever over HTTP (POST /v1/select, POST /v1/retrieve, "

@@ -5,10 +5,20 @@ it; `load_retriever` (a dataset's registered MCompassRAG student with the corpus
 `CorpusRetriever` it returns, whose `retrieve(query, k | budget)` ranks the whole corpus. `covlab serve` serves
 the same objects over HTTP (serving/http.py)."""
 
-from covlab.models.selectors import Budget
-from covlab.serving.retriever import CorpusRetriever, Retrieval, load_retriever
-from covlab.serving.selector import (SERVABLE, Candidate, ContextSelector, ServedSelection, ServingError,
-                                     load_selector, pyfunc_model_config, vectors_base64)
+from importlib import import_module
 
-__all__ = ["SERVABLE", "Budget", "Candidate", "ContextSelector", "CorpusRetriever", "Retrieval", "ServedSelection",
-           "ServingError", "load_retriever", "load_selector", "pyfunc_model_config", "vectors_base64"]
+# Where each public name lives, imported on first use (PEP 562): a process that reads only serving/settings.py (the
+# CLI building its parser) does not load the service's models, and torch with them.
+_EXPORTS = {"Budget": "covlab.models.selectors", "CorpusRetriever": "covlab.serving.retriever",
+            "Retrieval": "covlab.serving.retriever", "load_retriever": "covlab.serving.retriever",
+            **{name: "covlab.serving.selector" for name in (
+                "SERVABLE", "Candidate", "ContextSelector", "ServedSelection", "ServingError", "load_selector",
+                "pyfunc_model_config", "vectors_base64")}}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)
