@@ -1,11 +1,11 @@
-"""What is served is what was evaluated: for every servable method of the demo and every budget its reports
-evaluated (k for the coverage report's selections, every token budget for the comparison's), the champion loaded
-through `load_selector`, through the MLflow pyfunc of the version that serves it, and through `covlab serve`'s
-POST /v1/select chooses exactly the documents, in the same order, that the pipeline's selection asset chose (the
-library call on every evaluated query, the pyfunc and HTTP on the reported split's). The requests carry only what a caller has: the query, the pool's passages in pool order
-with their ids, and the budget; the service encodes, decomposes and estimates as the pipeline did, and replays the
-decisions the evaluation took (the estimator gate and the blend weight per budget). A budget the evaluation never
-tuned says which rule it applied."""
+"""What is served is what was evaluated: for every servable method of the demo and every budget its reports evaluated (k
+for the coverage report's selections, every token budget for the comparison's), the champion loaded through
+`load_selector`, through the MLflow pyfunc of the version that serves it, and through `covlab serve`'s POST
+/v1/select chooses exactly the documents, in the same order, that the pipeline's selection asset chose (the library
+call on every evaluated query, the pyfunc and HTTP on the reported split's). The requests carry only what a caller
+has: the query, the pool's passages in pool order with their ids, and the budget; the service encodes, decomposes and
+estimates as the pipeline did, and replays the decisions the evaluation took (the estimator gate and the blend weight
+per budget). A budget the evaluation never tuned says which rule it applied."""
 
 from pathlib import Path
 

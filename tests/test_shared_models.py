@@ -104,7 +104,8 @@ def test_a_coverage_request_at_several_budgets_scores_its_pairs_once():
     estimator = TrainedSelector("scratch_estimator", "a scorer for this test", Role.COVERAGE_ESTIMATOR,
                                 lambda path, device: scorer)
     selector = ContextSelector(method("coverage_greedy"), SelectorSettings(), FixedEncoder(),
-                               TokenCounter(), models=served_models({estimator: VersionFiles(Path("scratch"), "scratch")}),
+                               TokenCounter(),
+                               models=served_models({estimator: VersionFiles(Path("scratch"), "scratch")}),
                                decisions=RecordedDecisions({}))
     candidates = [{"id": f"d{i}", "text": f"passage {i} about the old town and its {i} bridges"} for i in range(12)]
     subquestions = ["Which bridges?", "How old is the town?"]
