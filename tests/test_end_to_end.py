@@ -184,19 +184,6 @@ def test_audit_of_a_demo_figure_reaches_the_data(demo_home):
         assert key in full, key
 
 
-@pytest.mark.slow
-def test_make_mlflow_ui_lists_the_registered_versions_with_tags(demo_home):
-    home, _ = demo_home
-    port = _free_port()
-    with _serving(["make", "mlflow-ui", f"MLFLOW_PORT={port}"], _env(home)) as server:
-        body = _wait_for_json(server, f"http://127.0.0.1:{port}/api/2.0/mlflow/model-versions/search?max_results=100",
-                              None)
-    versions = {v["name"]: v for v in body["model_versions"]}
-    assert {"covlab.demo.coverage_estimator", "covlab.demo.coverage_biencoder"} <= set(versions)
-    tags = {t["key"]: t["value"] for t in versions["covlab.demo.coverage_estimator"]["tags"]}
-    assert tags["dagster.asset_key"] == "coverage_estimator" and tags["dagster.partition"] == "demo"
-
-
 # Chromium started as it must be on a closed network: without background networking, component updates or sync
 # (else it floods the network with refused connections); Debian's /usr/bin/chromium, installed by `make test`,
 # never a downloaded browser.
@@ -224,7 +211,8 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
     tag of a trained selector, the coverage report's latest materialization for demo with Table 1 and an
     inline PNG figure, the comparison report led by its answer, leaderboard table and figure, an asset's Events
     tab led by its materialization, and the link to a model version, which opens it in the MLflow UI served
-    on the port the demo was told (`make mlflow-ui MLFLOW_PORT=...`). Screenshots go to the test's folder."""
+    on the port the demo was told (`make mlflow-ui MLFLOW_PORT=...`), whose REST API lists the registered
+    versions with their Dagster tags. Screenshots go to the test's folder."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: `make test` installs Debian's chromium (apt)"
@@ -234,7 +222,11 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
     with _serving(["make", "ui", f"UI_PORT={port}"], _env(home)) as server, \
             _serving(["make", "mlflow-ui", f"MLFLOW_PORT={demo_mlflow_port}"], _env(home)) as mlflow_server:
         _wait_for_json(server, f"{base}/server_info", None)
-        _wait_for_json(mlflow_server, f"{mlflow}/api/2.0/mlflow/experiments/search?max_results=1", None)
+        body = _wait_for_json(mlflow_server, f"{mlflow}/api/2.0/mlflow/model-versions/search?max_results=100", None)
+        versions = {v["name"]: v for v in body["model_versions"]}
+        assert {"covlab.demo.coverage_estimator", "covlab.demo.coverage_biencoder"} <= set(versions)
+        tags = {t["key"]: t["value"] for t in versions["covlab.demo.coverage_estimator"]["tags"]}
+        assert tags["dagster.asset_key"] == "coverage_estimator" and tags["dagster.partition"] == "demo"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
             page = browser.new_page(viewport={"width": 1700, "height": 1000})
@@ -298,9 +290,10 @@ def test_the_ui_in_chromium_shows_kinds_the_gpu_tag_table1_and_a_report_figure(d
 
 @pytest.mark.slow
 def test_a_partitioned_run_launched_through_the_graphql_client_materializes_that_partition(demo_home, tmp_path):
-    """Dagster's GraphQL client has no partition argument: the partition goes in the `dagster/partition`
-    tag (the README snippet under "Two commands on a fresh machine"). The run the webserver launches
-    materializes the asset for demo (in a copy of the demo home, which the other tests read meanwhile)."""
+    """`make ui` serves the asset graph on loopback, and Dagster's GraphQL client launches a run there. The client
+    has no partition argument: the partition goes in the `dagster/partition` tag (the README snippet under "Two
+    commands on a fresh machine"). The run the webserver launches materializes the asset for demo (in a copy of the
+    demo home, which the other tests read meanwhile)."""
     import shutil
 
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus
@@ -310,7 +303,10 @@ def test_a_partitioned_run_launched_through_the_graphql_client_materializes_that
     shutil.copytree(demo_home[0], home)
     port = _free_port()
     with _serving(["make", "ui", f"UI_PORT={port}"], _env(home)) as server:
-        _wait_for_json(server, f"http://127.0.0.1:{port}/server_info", None)
+        body = _wait_for_json(server, f"http://127.0.0.1:{port}/graphql",
+                              {"query": "{ assetNodes { assetKey { path } } }"})
+        keys = {"/".join(n["assetKey"]["path"]) for n in body["data"]["assetNodes"]}
+        assert {"corpus", "bm25_index", "bm25_pools", "coverage_estimator", "coverage_report"} <= keys
         client = DagsterGraphQLClient("127.0.0.1", port_number=port)
         run_id = client.submit_job_execution("__ASSET_JOB", asset_selection=[AssetKey("selection_relevance")],
                                              tags={"dagster/partition": "demo"})
@@ -363,16 +359,6 @@ def _wait_for_json(server, url: str, payload: dict | None, seconds: float = 180)
         except OSError:
             time.sleep(1)
     raise AssertionError(f"{url} did not answer within {seconds} s")
-
-
-@pytest.mark.slow
-def test_make_ui_serves_the_asset_graph_on_loopback(tmp_path):
-    port = _free_port()
-    with _serving(["make", "ui", f"UI_PORT={port}"], _env(tmp_path / "home")) as server:
-        body = _wait_for_json(server, f"http://127.0.0.1:{port}/graphql",
-                              {"query": "{ assetNodes { assetKey { path } } }"})
-    keys = {"/".join(n["assetKey"]["path"]) for n in body["data"]["assetNodes"]}
-    assert {"corpus", "bm25_index", "bm25_pools", "coverage_estimator", "coverage_report"} <= keys
 
 
 def test_dg_check_defs_loads_the_code_location(tmp_path):
