@@ -274,6 +274,10 @@ class BiencoderConfig(Config):
     activation_checkpointing: bool = Field(
         False, description="recompute each layer's activations in the backward pass: the same weights, a peak "
                            "memory that no longer holds every layer's activations of the batch, a second forward pass")
+    gradient_cache_chunk: int | None = Field(
+        None, ge=1, description="gradient caching: embed the batch's texts this many at a time, without gradients, "
+                                "then again chunk by chunk with them: the same loss with every in-batch negative, a "
+                                "peak memory that follows the chunk, not the batch; None: the whole batch at once")
     states_per_query: int = Field(4, description="simulated covered states per training query")
     max_negatives: int = Field(7, description="negatives per group")
     seed: int = Field(0, description="seed for states, sampling and training")
@@ -304,7 +308,8 @@ def coverage_biencoder(context: AssetExecutionContext, config: BiencoderConfig, 
             config.base_model or default_base_model(), groups, temperature=config.temperature, epochs=config.epochs,
             batch_size=config.batch_size, learning_rate=config.learning_rate, max_length=config.max_length,
             seed=config.seed, device=device.torch_device(), activation_checkpointing=config.activation_checkpointing,
-            progress=step_progress(context), on_epoch=training.on_epoch)
+            gradient_cache_chunk=config.gradient_cache_chunk, progress=step_progress(context),
+            on_epoch=training.on_epoch)
         with tempfile.TemporaryDirectory() as work:
             save_biencoder(model, tokenizer, work, max_length=config.max_length, history=history,
                            settings=config.model_dump())

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from covlab.models.encoders import (CPU, OptimizerSteps, Progress, autocast, batch_inference, collate,
+from covlab.models.encoders import (CPU, OptimizerSteps, Progress, Tokenized, autocast, batch_inference, collate,
                                     length_sorted_batches, mean_pool, quiet_loading, read_info, run_batches,
                                     save_model_directory, seeded, tokenize)
 from covlab.models.runtime import DEFAULT_RUNTIME, onnx_model, runtime_on
@@ -174,23 +174,81 @@ def cosines(model, tokenizer, pairs: Sequence[tuple[str, str]], *, batch_size: i
     return cosine.astype(np.float64)
 
 
-def _batch_loss(model, tokenizer, groups: Sequence[Group], temperature: float, max_length: int,
-                device: torch.device) -> torch.Tensor:
-    """InfoNCE of one batch of groups: candidates are all groups' documents; a group's anchor does not see
-    the documents of other groups of the same query (they may be its positives: no false negatives)."""
+@dataclass
+class _Batch:
+    """One training batch of groups, tokenized: the anchors, every group's documents (positive first, then its
+    negatives), the index of each anchor's positive among the documents, and which documents each anchor's softmax
+    keeps (not the documents of other groups of the same query: they may be its positives, no false negatives)."""
+    anchors: Tokenized
+    documents: Tokenized
+    positives: torch.Tensor
+    keep: torch.Tensor
+
+
+def _prepare(tokenizer, groups: Sequence[Group], max_length: int) -> _Batch:
     docs = [text for g in groups for text in (g.positive_text, *g.negative_texts)]
     owner = torch.tensor([i for i, g in enumerate(groups) for _ in range(1 + len(g.negatives))])
     starts = torch.tensor([0] + [1 + len(g.negatives) for g in groups[:-1]]).cumsum(0)
-    anchors = tokenize(tokenizer, [g.anchor for g in groups], None, max_length)
-    candidates = tokenize(tokenizer, docs, None, max_length)
-    anchor_vectors = _embed(model, collate(anchors, range(len(groups)), device))
-    doc_vectors = _embed(model, collate(candidates, range(len(docs)), device))
     query_ids = {query: i for i, query in enumerate(dict.fromkeys(g.query for g in groups))}
     query_of = torch.tensor([query_ids[g.query] for g in groups])
     same_query_other_group = (query_of[:, None] == query_of[owner][None, :]) & \
                              (torch.arange(len(groups))[:, None] != owner[None, :])
-    return info_nce(anchor_vectors, doc_vectors, starts.to(device), temperature,
-                    (~same_query_other_group).to(device))
+    return _Batch(tokenize(tokenizer, [g.anchor for g in groups], None, max_length),
+                  tokenize(tokenizer, docs, None, max_length), starts, ~same_query_other_group)
+
+
+def _loss(batch: _Batch, anchor_vectors: torch.Tensor, doc_vectors: torch.Tensor, temperature: float,
+          device: torch.device) -> torch.Tensor:
+    """InfoNCE of the batch's anchors over all its documents."""
+    return info_nce(anchor_vectors, doc_vectors, batch.positives.to(device), temperature, batch.keep.to(device))
+
+
+def _batch_loss(model, tokenizer, groups: Sequence[Group], temperature: float, max_length: int,
+                device: torch.device) -> torch.Tensor:
+    """InfoNCE of one batch of groups: candidates are all groups' documents (see _Batch)."""
+    batch = _prepare(tokenizer, groups, max_length)
+    return _loss(batch, _embed(model, collate(batch.anchors, range(len(groups)), device)),
+                 _embed(model, collate(batch.documents, range(len(batch.documents.lengths)), device)),
+                 temperature, device)
+
+
+def _rng_state(device: torch.device) -> tuple:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(state: tuple, device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
+def _cached_gradient_backward(model, batch: _Batch, temperature: float, device: torch.device,
+                              autocast_dtype: torch.dtype | None, chunk: int,
+                              backward: Callable[[torch.Tensor], None]) -> float:
+    """The batch's gradient with the peak of `chunk` texts (gradient caching, Gao et al. 2021): every text is
+    embedded without gradients, `chunk` at a time; `backward` takes the InfoNCE over those embeddings (every
+    in-batch negative kept) back to them; then each chunk is embedded again with gradients, its dropout replayed
+    from the random state its first pass drew from, and backpropagated from its embeddings' gradients. The
+    weights' gradients accumulate as the whole batch's would, up to float rounding (each chunk is padded to its
+    own longest text). Returns the loss."""
+    chunks = [(tokenized, range(start, min(start + chunk, len(tokenized.lengths))))
+              for tokenized in (batch.anchors, batch.documents) for start in range(0, len(tokenized.lengths), chunk)]
+    states, vectors = [], []
+    with torch.no_grad():
+        for tokenized, indices in chunks:
+            states.append(_rng_state(device))
+            with autocast(device, autocast_dtype):
+                vectors.append(_embed(model, collate(tokenized, indices, device)).requires_grad_())
+    after = _rng_state(device)
+    anchor_chunks = math.ceil(len(batch.anchors.lengths) / chunk)
+    loss = _loss(batch, torch.cat(vectors[:anchor_chunks]), torch.cat(vectors[anchor_chunks:]), temperature, device)
+    backward(loss)
+    for (tokenized, indices), state, cached in zip(chunks, states, vectors):
+        _set_rng_state(state, device)
+        with autocast(device, autocast_dtype):
+            _embed(model, collate(tokenized, indices, device)).backward(cached.grad)
+    _set_rng_state(after, device)
+    return loss.item()
 
 
 def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temperature: float = 0.02,
@@ -198,7 +256,7 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
                              weight_decay: float = 0.01, warmup_ratio: float = 0.1, max_grad_norm: float = 1.0,
                              max_length: int = 256, seed: int = 0, device: torch.device = CPU,
                              autocast_dtype: torch.dtype | None = None, activation_checkpointing: bool = False,
-                             progress: Callable[[str], None] | None = None,
+                             gradient_cache_chunk: int | None = None, progress: Callable[[str], None] | None = None,
                              after_epoch: Callable[[torch.nn.Module, object], dict] | None = None,
                              on_epoch: Callable[[int, dict], None] | None = None):
     """(model, tokenizer, history): `base_model` (the relevance bi-encoder) fine-tuned with InfoNCE over
@@ -208,7 +266,10 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
     as soon as an epoch ends. `activation_checkpointing` keeps only each layer's input during the forward pass
     and recomputes the rest in the backward (Hugging Face's activation checkpointing, dropout replayed): the
     same weights, a peak that no longer holds every layer's activations of the batch's ~72 texts, for a second
-    forward pass of each layer (bench/step_memory.py measures both). Bit-identical on CPU per seed."""
+    forward pass of each layer (bench/step_memory.py measures both). `gradient_cache_chunk` embeds the batch's texts
+    that many at a time, first without gradients, then again chunk by chunk with them (_cached_gradient_backward):
+    the same loss, every in-batch negative kept, a peak that follows the chunk instead of the batch's ~80 texts,
+    for a second forward pass of every text. Bit-identical on CPU per seed."""
     from transformers import AutoModel, AutoTokenizer
 
     if not groups:
@@ -229,9 +290,16 @@ def train_coverage_biencoder(base_model: str, groups: Sequence[Group], *, temper
             losses = []
             tracker = Progress(f"bi-encoder epoch {epoch}/{epochs}", len(groups), progress, unit="groups")
             for batch in torch.randperm(len(groups), generator=shuffle).split(batch_size):
-                with autocast(device, autocast_dtype):
-                    loss = _batch_loss(model, tokenizer, [groups[i] for i in batch], temperature, max_length, device)
-                losses.append(steps.step(loss))
+                chosen = [groups[i] for i in batch]
+                if gradient_cache_chunk:
+                    losses.append(_cached_gradient_backward(model, _prepare(tokenizer, chosen, max_length),
+                                                            temperature, device, autocast_dtype,
+                                                            gradient_cache_chunk, steps.backward))
+                    steps.update()
+                else:
+                    with autocast(device, autocast_dtype):
+                        loss = _batch_loss(model, tokenizer, chosen, temperature, max_length, device)
+                    losses.append(steps.step(loss))
                 tracker.update(len(batch))
             history.append({"epoch": epoch, "train_loss": float(np.mean(losses))})
             if after_epoch is not None:

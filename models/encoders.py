@@ -290,14 +290,22 @@ class OptimizerSteps:
 
     def step(self, loss: torch.Tensor) -> float:
         """Backpropagate `loss`, update the weights and the learning rate; returns the loss value."""
+        self.backward(loss)
+        self.update()
+        return loss.item()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate `loss`, scaled as the update expects; gradients accumulate until `update`."""
         self.scaler.scale(loss).backward()
+
+    def update(self) -> None:
+        """Update the weights from the accumulated gradients (clipped), then the learning rate; clear them."""
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss.item()
 
 
 # Tokenizer options that say how the tokenizer was loaded (transformers keeps them in init_kwargs and would
