@@ -40,7 +40,7 @@ from covlab.resources.datasets import DatasetRegistry
 from covlab.resources.device import DeviceResource, gpu_step, reports_peak_rss
 from covlab.resources.evaluation import EvaluationResource
 from covlab.resources.llm import LLMResource
-from covlab.resources.materializations import TrainingSummary, latest_materialization, metadata_value
+from covlab.resources.materializations import TrainingSummary, recorded_entries
 from covlab.resources.model_store import TrainedModel
 from covlab.resources.scoring import EstimatorScoring
 from covlab.resources.tracking import TrackingResource
@@ -421,9 +421,8 @@ def scored_by_the_same_estimator(context, matrix: pd.DataFrame, subqs: pd.DataFr
                                  estimator: TrainedModel, scoring: EstimatorScoring) -> KnownPairs | None:
     """The pairs `matrix` (this partition's estimated_coverage_matrix, as stored) scored, when its materialization
     recorded the same estimator version and runtime as this step's; else None, and the step scores every pair."""
-    record = latest_materialization(context.instance, AssetKey("estimated_coverage_matrix"), context.partition_key)
-    metadata = record.asset_materialization.metadata if record else {}
-    recorded = {name: metadata_value(metadata[name]) if name in metadata else None for name in ("model_uri", "config")}
+    recorded = recorded_entries(context.instance, AssetKey("estimated_coverage_matrix"), context.partition_key,
+                                ("model_uri", "config"))
     runtime = (recorded["config"] or {}).get("runtime", DEFAULT_RUNTIME)
     if recorded["model_uri"] != estimator.model.uri or runtime != scoring.runtime:
         context.log.info(f"estimated_coverage_matrix was scored by {recorded['model_uri']} on {runtime}, not "

@@ -103,12 +103,17 @@ def materialization_in_run(instance: DagsterInstance, key: AssetKey, partition: 
     return next((r for r in records if run_id is None or r.run_id == run_id), None)
 
 
-def recorded_entry(instance: DagsterInstance, key: AssetKey, partition: str | None, name: str):
-    """The `name` metadata entry of `key`'s latest materialization of `partition` (the value a step reads) as
-    plain JSON data, or None when there is no materialization or no such entry."""
+def recorded_entries(instance: DagsterInstance, key: AssetKey, partition: str | None, names: Iterable[str]) -> dict:
+    """{name: the `name` metadata entry of `key`'s latest materialization of `partition` (the value a step reads) as
+    plain JSON data, or None when there is no materialization or no such entry}, from one read of that record."""
     record = latest_materialization(instance, key, partition)
-    entry = record.asset_materialization.metadata.get(name) if record else None
-    return None if entry is None else metadata_value(entry)
+    metadata = record.asset_materialization.metadata if record else {}
+    return {name: metadata_value(metadata[name]) if name in metadata else None for name in names}
+
+
+def recorded_entry(instance: DagsterInstance, key: AssetKey, partition: str | None, name: str):
+    """One entry of `recorded_entries`."""
+    return recorded_entries(instance, key, partition, [name])[name]
 
 
 def settings_mismatches(instance: DagsterInstance, keys: Iterable[AssetKey], partition: str | None,

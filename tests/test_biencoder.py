@@ -218,7 +218,7 @@ def test_gradient_caching_replays_each_chunks_dropout(tiny_model, demo_groups):
     assert not all(torch.allclose(x, y, **GRADIENT_TOLERANCE) for x, y in zip(_gradients(model), gradient))
 
 
-def test_training_with_gradient_caching_is_seeded_and_lowers_the_loss(tiny_model, demo_groups, trained):
+def test_training_with_gradient_caching_is_seeded_and_lowers_the_loss(tiny_model, demo_groups):
     first, tokenizer, history = train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING,
                                                          gradient_cache_chunk=16)
     again, _, history_again = train_coverage_biencoder(tiny_model, demo_groups, **TINY_TRAINING,
